@@ -1,0 +1,42 @@
+# The two commands: `make demo` (every pipeline end to end through Airflow) and `make test`.
+PY ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+DEMO_DIR := .demo
+
+export AIRFLOW_HOME := $(CURDIR)/$(DEMO_DIR)/airflow
+export AIRFLOW__CORE__DAGS_FOLDER := $(CURDIR)/dags
+export AIRFLOW__CORE__PLUGINS_FOLDER := $(CURDIR)/plugins
+export AIRFLOW__CORE__LOAD_EXAMPLES := False
+export AIRFLOW__DATABASE__SQL_ALCHEMY_CONN := sqlite:///$(CURDIR)/$(DEMO_DIR)/airflow/airflow.db
+export SEEDANCE_WORKSPACE := $(CURDIR)/$(DEMO_DIR)/workspace
+
+.PHONY: venv demo test lint airflow bench clean
+
+$(STAMP): requirements.txt requirements-dev.txt pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r requirements-dev.txt
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+demo: venv  ## build a sample workspace and run every pipeline through Airflow (SQLite, local disk)
+	$(BIN)/python -m seedance_tasks.demo --workspace $(SEEDANCE_WORKSPACE)
+
+test: venv  ## the whole test suite
+	$(BIN)/python -m pytest -n 2 --dist loadfile -q $(PYTEST_ARGS)
+
+lint: venv
+	$(BIN)/ruff check .
+
+airflow: venv  ## Airflow's UI on http://localhost:8080 over the demo's home (admin password printed)
+	mkdir -p $(AIRFLOW_HOME)
+	$(BIN)/airflow standalone
+
+bench: venv  ## every benchmark, each printing a ratio against its peers
+	for script in bench/*.py; do $(BIN)/python $$script || exit 1; done
+
+clean:
+	rm -rf $(DEMO_DIR) bench/_work

@@ -1,0 +1,68 @@
+"""The `seedance` command: every pipeline's job runs here without Airflow."""
+
+from __future__ import annotations
+
+import typer
+
+from seedance_tasks.checkpoint.cli import app as ckpt_app
+from seedance_tasks.cli_support import JSON_OPTION, console, emit, handle_errors, table
+from seedance_tasks.compaction.cli import compact
+from seedance_tasks.cost.cli import app as cost_app
+from seedance_tasks.preprocess.cli import app as preprocess_app
+from seedance_tasks.shards.cli import app as shards_app
+from seedance_tasks.training.cli import app as train_app
+
+app = typer.Typer(
+    name="seedance",
+    help="Cut the cost of AI training infrastructure: compaction, shards, preprocessing, "
+    "training launch, checkpoints, chargeback.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+app.command(name="compact")(compact)
+
+trash_app = typer.Typer(help="The trash area that every destructive step moves old data into.", no_args_is_help=True)
+
+
+@trash_app.command("purge")
+@handle_errors
+def trash_purge(
+    uri: str = typer.Argument(..., help="dataset or store root whose _seedance/trash to purge"),
+    older_than: str = typer.Option("7d", help="purge trash runs older than this (0 empties it)"),
+    dry_run: bool = typer.Option(False, "--dry-run", help="report what would be purged, delete nothing"),
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """Free the bytes of trash runs older than --older-than (dated by their run id)."""
+    from seedance_tasks import storage
+    from seedance_tasks.units import format_size, parse_duration
+
+    result = storage.purge_trash(storage.resolve(uri), parse_duration(older_than), apply=not dry_run)
+
+    def render(res: dict) -> None:
+        verb = "purged" if res["applied"] else "would purge"
+        console.print(
+            f"{verb} {len(res['purged'])} trash run(s), {res['files']:,} files, {format_size(res['bytes'])}"
+            f" from {res['trash']}; kept {len(res['kept'])} newer run(s)"
+        )
+        if res["purged"]:
+            console.print(table("trash runs", ["run id"], [[run] for run in res["purged"]]))
+
+    emit(result, as_json, render)
+
+
+app.add_typer(trash_app, name="trash")
+app.add_typer(shards_app, name="shards")
+app.add_typer(preprocess_app, name="preprocess")
+app.add_typer(ckpt_app, name="ckpt")
+app.add_typer(train_app, name="train")
+app.add_typer(cost_app, name="cost")
+
+
+def main() -> None:
+    """Entry point of the `seedance` console script."""
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,44 @@
+"""Settings of the compaction pipeline (section `compaction:` of config/seedance.yaml)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from seedance_tasks.config import StrictModel
+from seedance_tasks.units import ByteSize, Duration
+
+
+class CompactionSettings(StrictModel):
+    target_file_size: ByteSize = Field(512 * 1024**2, description="size of the files compaction writes")
+    small_file_size: ByteSize | None = Field(
+        None, description="files smaller than this are compacted; default 75% of the target"
+    )
+    min_age: Duration = Field(3600, description="files younger than this are left alone (writers busy)")
+    row_group_size: ByteSize = Field(
+        64 * 1024**2, description="uncompressed bytes per row group; bounds a worker's memory"
+    )
+    compression: Literal["zstd", "snappy", "lz4", "gzip", "none"] = "zstd"
+    compression_level: int | None = Field(None, description="codec level; None for the codec default")
+    dictionary_max_cardinality: float = Field(
+        0.1, ge=0, le=1, description="dictionary-encode a column only below this distinct/rows ratio"
+    )
+    workers: int = Field(0, ge=0, description="worker processes; 0 means one per core")
+    s3_requests_per_file_per_month: int = Field(
+        30 * 2, ge=0, description="reads (GET) + lists per small file per month, for the saving estimate"
+    )
+    s3_get_price_per_1000: str = Field("0.0004", description="USD per 1,000 GET requests (S3 Standard)")
+
+    @model_validator(mode="after")
+    def _small_below_target(self) -> CompactionSettings:
+        if self.small_file_size is not None and self.small_file_size > self.target_file_size:
+            raise ValueError("small_file_size must not exceed target_file_size")
+        return self
+
+    @property
+    def effective_small_file_size(self) -> int:
+        """The small-file threshold in bytes: as set, or 75% of the target (Iceberg's default)."""
+        if self.small_file_size is not None:
+            return self.small_file_size
+        return int(self.target_file_size * 0.75)

@@ -1,0 +1,45 @@
+"""Errors a user can act on: each carries a message and, where there is one, what to do."""
+
+from __future__ import annotations
+
+
+class SeedanceError(Exception):
+    """Base of every error Seedance raises on purpose; `hint` says what to do about it."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, *, hint: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def __str__(self) -> str:
+        return f"{self.message}\n  hint: {self.hint}" if self.hint else self.message
+
+
+class ConfigError(SeedanceError):
+    """A setting is missing, unknown or malformed."""
+
+    exit_code = 2
+
+
+class UsageError(SeedanceError):
+    """A command was called with arguments that cannot work (bad size, bad URI...)."""
+
+    exit_code = 2
+
+
+class InputError(SeedanceError):
+    """Input data is unreadable or malformed; names the file/row and the reason."""
+
+
+class RefusedError(SeedanceError):
+    """Seedance will not act on this input, on purpose (table formats, hostile archives...)."""
+
+    exit_code = 3
+
+
+class IntegrityError(SeedanceError):
+    """Stored data does not match what its manifest/journal/index says (checksums, counts)."""
+
+    exit_code = 4

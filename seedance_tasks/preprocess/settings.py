@@ -1,0 +1,7 @@
+"""Settings of the preprocess pipeline (section `preprocess:` of config/seedance.yaml)."""
+
+from seedance_tasks.config import StrictModel
+
+
+class PreprocessSettings(StrictModel):
+    pass

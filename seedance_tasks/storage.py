@@ -1,0 +1,312 @@
+"""One way to reach data by URI: local paths, `file://` and `s3://`, through `pyarrow.fs`.
+
+Data I/O streams through pyarrow's native filesystems. Writes that must never be seen half done
+go through `write_bytes_atomic` (local: hidden temp file + rename; S3: a single PUT is already
+atomic) and `publish` (hidden name -> visible name; on S3 copy + delete). Nothing here deletes a
+visible file: old data goes to `<root>/_seedance/trash/<run-id>/`, bad data to
+`<root>/_seedance/quarantine/<run-id>/`, and only `purge_trash` frees bytes, by age.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import posixpath
+import secrets
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+from urllib.parse import urlparse
+
+import pyarrow.fs as pafs
+
+from seedance_tasks.errors import IntegrityError, UsageError
+
+SEEDANCE_DIR = "_seedance"
+TRASH_DIR = f"{SEEDANCE_DIR}/trash"
+QUARANTINE_DIR = f"{SEEDANCE_DIR}/quarantine"
+RUN_ID_TIME_FORMAT = "%Y%m%dT%H%M%SZ"
+
+
+@dataclass(frozen=True)
+class Location:
+    """A place in a filesystem: `fs` plus the fs-native `path` (no scheme), and how to print it."""
+
+    fs: pafs.FileSystem
+    path: str
+    scheme: str  # "file" or "s3"
+
+    @property
+    def uri(self) -> str:
+        return f"s3://{self.path}" if self.scheme == "s3" else self.path
+
+    @property
+    def is_s3(self) -> bool:
+        return self.scheme == "s3"
+
+    def join(self, *parts: str) -> str:
+        """The fs-native path of `parts` below this location."""
+        return posixpath.join(self.path, *parts) if parts else self.path
+
+    def child(self, *parts: str) -> Location:
+        return Location(self.fs, self.join(*parts), self.scheme)
+
+    def relative(self, path: str) -> str:
+        """`path` (fs-native, below this location) relative to it."""
+        return posixpath.relpath(path, self.path)
+
+    def uri_of(self, path: str) -> str:
+        return f"s3://{path}" if self.is_s3 else path
+
+
+def _s3_settings():
+    from seedance_tasks.config import load_settings
+
+    return load_settings().storage.s3
+
+
+def s3_endpoint_url(s3_settings=None) -> str | None:
+    """The S3 endpoint to use: settings, then AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL, else AWS's own."""
+    s3_settings = s3_settings or _s3_settings()
+    return (
+        s3_settings.endpoint_url
+        or os.environ.get("AWS_ENDPOINT_URL_S3")
+        or os.environ.get("AWS_ENDPOINT_URL")
+    )
+
+
+def aws_credentials(s3_settings=None) -> dict[str, str] | None:
+    """Credentials from the configured Airflow connection, or None to use the standard AWS chain."""
+    s3_settings = s3_settings or _s3_settings()
+    if not s3_settings.aws_conn_id:
+        return None
+    from airflow.providers.amazon.aws.hooks.base_aws import AwsBaseHook
+
+    creds = AwsBaseHook(aws_conn_id=s3_settings.aws_conn_id, client_type="s3").get_credentials()
+    found = {"access_key": creds.access_key, "secret_key": creds.secret_key}
+    if creds.token:
+        found["session_token"] = creds.token
+    return found
+
+
+def s3_filesystem(s3_settings=None) -> pafs.S3FileSystem:
+    """A pyarrow S3 filesystem on the configured endpoint and credentials."""
+    s3_settings = s3_settings or _s3_settings()
+    kwargs: dict[str, Any] = {
+        "region": s3_settings.region or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1",
+        "allow_bucket_creation": True,
+        "check_directory_existence_before_creation": False,
+    }
+    endpoint = s3_endpoint_url(s3_settings)
+    if endpoint:
+        parsed = urlparse(endpoint if "://" in endpoint else f"https://{endpoint}")
+        kwargs["endpoint_override"] = parsed.netloc
+        kwargs["scheme"] = parsed.scheme
+    creds = aws_credentials(s3_settings)
+    if creds:
+        kwargs.update(creds)
+    return pafs.S3FileSystem(**kwargs)
+
+
+def boto3_client(service: str, s3_settings=None):
+    """A boto3 client for control-plane calls (tagging, storage classes...), same endpoint/credentials."""
+    import boto3
+
+    s3_settings = s3_settings or _s3_settings()
+    kwargs: dict[str, Any] = {"region_name": s3_settings.region or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"}
+    endpoint = s3_endpoint_url(s3_settings)
+    if endpoint:
+        kwargs["endpoint_url"] = endpoint
+    creds = aws_credentials(s3_settings)
+    if creds:
+        kwargs["aws_access_key_id"] = creds["access_key"]
+        kwargs["aws_secret_access_key"] = creds["secret_key"]
+        kwargs["aws_session_token"] = creds.get("session_token")
+    return boto3.client(service, **kwargs)
+
+
+def resolve(uri: str | os.PathLike[str]) -> Location:
+    """The Location of `uri`: a local path, `file:///abs/path`, or `s3://bucket/key`."""
+    text = os.fspath(uri)
+    if text.startswith("s3://"):
+        path = text[len("s3://"):].strip("/")
+        if not path:
+            raise UsageError(f"no bucket in {text!r}", hint="write s3://bucket/prefix")
+        return Location(s3_filesystem(), path, "s3")
+    if "://" in text:
+        parsed = urlparse(text)
+        if parsed.scheme != "file":
+            raise UsageError(
+                f"unsupported storage scheme {parsed.scheme!r} in {text!r}",
+                hint="use a local path, file:///path or s3://bucket/prefix",
+            )
+        text = parsed.path
+    return Location(pafs.LocalFileSystem(), os.path.abspath(os.path.expanduser(text)), "file")
+
+
+def is_hidden(relative_path: str) -> bool:
+    """True if any component of `relative_path` starts with `_` or `.` (readers skip those)."""
+    return any(part.startswith(("_", ".")) for part in relative_path.split("/") if part)
+
+
+def exists(fs: pafs.FileSystem, path: str) -> bool:
+    return fs.get_file_info(path).type != pafs.FileType.NotFound
+
+
+def is_file(fs: pafs.FileSystem, path: str) -> bool:
+    return fs.get_file_info(path).type == pafs.FileType.File
+
+
+def list_files(location: Location, *, include_hidden: bool = False) -> list[pafs.FileInfo]:
+    """Every file below `location` in one recursive listing, sorted by path.
+
+    Hidden files and directories (`_`/`.` prefix, which includes `_seedance/`) are left out unless
+    `include_hidden`.
+    """
+    info = location.fs.get_file_info(location.path)
+    if info.type == pafs.FileType.NotFound:
+        return []
+    if info.type == pafs.FileType.File:
+        return [info]
+    selector = pafs.FileSelector(location.path, recursive=True, allow_not_found=True)
+    files = [
+        item
+        for item in location.fs.get_file_info(selector)
+        if item.type == pafs.FileType.File
+        and (include_hidden or not is_hidden(location.relative(item.path)))
+    ]
+    return sorted(files, key=lambda item: item.path)
+
+
+def read_bytes(fs: pafs.FileSystem, path: str) -> bytes:
+    with fs.open_input_stream(path) as stream:
+        return stream.read()
+
+
+def hidden_sibling(path: str, tag: str = "tmp") -> str:
+    """A hidden name next to `path` for writing before publish: `dir/.name.<tag>-<random>`."""
+    directory, name = posixpath.split(path)
+    return posixpath.join(directory, f".{name}.{tag}-{secrets.token_hex(4)}")
+
+
+def write_bytes_atomic(fs: pafs.FileSystem, path: str, data: bytes) -> None:
+    """Write `data` to `path` so that readers see the old content or the new, never a part."""
+    parent = posixpath.dirname(path)
+    if parent:
+        fs.create_dir(parent, recursive=True)
+    if isinstance(fs, pafs.LocalFileSystem):
+        temp = hidden_sibling(path)
+        with open(temp, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temp, path)
+    else:  # an S3 PUT is atomic: the object is visible whole or not at all
+        with fs.open_output_stream(path) as stream:
+            stream.write(data)
+
+
+def write_json_atomic(fs: pafs.FileSystem, path: str, value: Any) -> None:
+    write_bytes_atomic(fs, path, (json.dumps(value, indent=2, sort_keys=True, default=str) + "\n").encode())
+
+
+def read_json(fs: pafs.FileSystem, path: str) -> Any:
+    return json.loads(read_bytes(fs, path))
+
+
+def move(fs: pafs.FileSystem, source: str, destination: str) -> None:
+    """Move one file (local: rename, atomic; S3: copy then delete, so never absent in between)."""
+    parent = posixpath.dirname(destination)
+    if parent:
+        fs.create_dir(parent, recursive=True)
+    if isinstance(fs, pafs.LocalFileSystem):
+        os.replace(source, destination)
+    else:
+        fs.copy_file(source, destination)
+        fs.delete_file(source)
+
+
+def publish(fs: pafs.FileSystem, hidden_path: str, final_path: str) -> None:
+    """Make a verified hidden file visible under `final_path`; safe to repeat after a crash.
+
+    Raises IntegrityError if neither the hidden nor the final file exists.
+    """
+    if is_file(fs, hidden_path):
+        move(fs, hidden_path, final_path)
+    elif not is_file(fs, final_path):
+        raise IntegrityError(f"cannot publish {final_path}: its staged file {hidden_path} is gone")
+
+
+def new_run_id(now: datetime | None = None) -> str:
+    """A sortable, unique run id that carries its UTC start time: `20261129T091500Z-1a2b3c`."""
+    now = now or datetime.now(UTC)
+    return f"{now.strftime(RUN_ID_TIME_FORMAT)}-{secrets.token_hex(3)}"
+
+
+def run_id_time(run_id: str) -> datetime | None:
+    """The UTC time a run id carries, or None for a name that is not a run id."""
+    try:
+        return datetime.strptime(run_id.split("-", 1)[0], RUN_ID_TIME_FORMAT).replace(tzinfo=UTC)
+    except ValueError:
+        return None
+
+
+def move_to_trash(root: Location, relative_path: str, run_id: str) -> str:
+    """Move `root/relative_path` to `root/_seedance/trash/<run_id>/relative_path`; repeatable.
+
+    Returns the trash path. A file already in the trash (an earlier attempt) counts as done.
+    """
+    source = root.join(relative_path)
+    target = root.join(TRASH_DIR, run_id, relative_path)
+    if is_file(root.fs, source):
+        move(root.fs, source, target)
+    elif not is_file(root.fs, target):
+        raise IntegrityError(f"cannot retire {source}: it is neither in place nor in the trash")
+    return target
+
+
+def quarantine(root: Location, relative_path: str, run_id: str, reason: str) -> str:
+    """Move a bad file to `root/_seedance/quarantine/<run_id>/` with a `.reason.json` beside it.
+
+    Returns the quarantine path. Nothing is deleted.
+    """
+    target = root.join(QUARANTINE_DIR, run_id, relative_path)
+    if is_file(root.fs, root.join(relative_path)):
+        move(root.fs, root.join(relative_path), target)
+    write_json_atomic(
+        root.fs,
+        target + ".reason.json",
+        {"file": relative_path, "reason": reason, "run_id": run_id, "at": datetime.now(UTC).isoformat()},
+    )
+    return target
+
+
+def _directories(location: Location) -> Iterator[str]:
+    selector = pafs.FileSelector(location.path, recursive=False, allow_not_found=True)
+    for item in location.fs.get_file_info(selector):
+        if item.type == pafs.FileType.Directory:
+            yield posixpath.basename(item.path)
+
+
+def purge_trash(root: Location, older_than_s: float, *, now: datetime | None = None, apply: bool = True) -> dict:
+    """Delete trash runs of `root` older than `older_than_s` seconds (by the run id's time).
+
+    Returns {"purged": [run ids], "kept": [run ids], "files": n, "bytes": n}. With apply=False,
+    reports what it would purge and deletes nothing.
+    """
+    now = now or datetime.now(UTC)
+    trash = root.child(TRASH_DIR)
+    purged, kept, files, total = [], [], 0, 0
+    for run_id in sorted(_directories(trash)):
+        started = run_id_time(run_id)
+        if started is None or (now - started).total_seconds() < older_than_s:
+            kept.append(run_id)
+            continue
+        contents = list_files(trash.child(run_id), include_hidden=True)
+        files += len(contents)
+        total += sum(item.size or 0 for item in contents)
+        if apply:
+            root.fs.delete_dir(trash.join(run_id))
+        purged.append(run_id)
+    return {"trash": trash.uri, "purged": purged, "kept": kept, "files": files, "bytes": total, "applied": apply}

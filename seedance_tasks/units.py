@@ -1,0 +1,95 @@
+"""Human sizes (`512MiB`, `8MB`) and durations (`0`, `30m`, `1h`, `7d`) parsed and printed."""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated
+
+from pydantic import BeforeValidator, PlainSerializer
+
+from seedance_tasks.errors import UsageError
+
+_SIZE_UNITS = {
+    "": 1, "b": 1,
+    "k": 1000, "kb": 1000, "kib": 1024,
+    "m": 1000**2, "mb": 1000**2, "mib": 1024**2,
+    "g": 1000**3, "gb": 1000**3, "gib": 1024**3,
+    "t": 1000**4, "tb": 1000**4, "tib": 1024**4,
+}
+_DURATION_UNITS = {"": 1, "s": 1, "m": 60, "min": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+_NUMBER_UNIT = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
+
+
+def parse_size(value: str | int | float) -> int:
+    """Bytes in `value` (`512MiB`, `8MB`, `1.5GiB`, `1048576`); raises UsageError if malformed."""
+    if isinstance(value, bool):
+        raise UsageError(f"not a size: {value!r}")
+    if isinstance(value, int | float):
+        if value < 0:
+            raise UsageError(f"a size cannot be negative: {value!r}")
+        return int(value)
+    match = _NUMBER_UNIT.match(str(value))
+    unit = match.group(2).lower() if match else None
+    if not match or unit not in _SIZE_UNITS:
+        raise UsageError(
+            f"not a size: {value!r}", hint="write a number with a unit, like 512MiB, 64MB or 1GiB"
+        )
+    return int(float(match.group(1)) * _SIZE_UNITS[unit])
+
+
+def parse_duration(value: str | int | float) -> float:
+    """Seconds in `value` (`0`, `90s`, `30m`, `1h`, `7d`); raises UsageError if malformed."""
+    if isinstance(value, bool):
+        raise UsageError(f"not a duration: {value!r}")
+    if isinstance(value, int | float):
+        if value < 0:
+            raise UsageError(f"a duration cannot be negative: {value!r}")
+        return float(value)
+    match = _NUMBER_UNIT.match(str(value))
+    unit = match.group(2).lower() if match else None
+    if not match or unit not in _DURATION_UNITS:
+        raise UsageError(
+            f"not a duration: {value!r}", hint="write a number with a unit: 0, 90s, 30m, 1h or 7d"
+        )
+    return float(match.group(1)) * _DURATION_UNITS[unit]
+
+
+def format_size(num_bytes: int | float) -> str:
+    """`num_bytes` in binary units with three significant digits, e.g. `512 MiB`, `1.46 GiB`."""
+    value = float(num_bytes)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
+            return f"{value:.0f} {unit}" if unit == "B" or abs(value) >= 100 else f"{value:.3g} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+def format_duration(seconds: float) -> str:
+    """`seconds` as the largest whole unit that fits: `7d`, `1h`, `30m`, `45s`."""
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{int(seconds // size)}{unit}"
+    return f"{seconds:g}s"
+
+
+def _size_or_error(value: object) -> int:
+    try:
+        return parse_size(value)  # type: ignore[arg-type]
+    except UsageError as exc:
+        raise ValueError(exc.message) from None
+
+
+def _duration_or_error(value: object) -> float:
+    try:
+        return parse_duration(value)  # type: ignore[arg-type]
+    except UsageError as exc:
+        raise ValueError(exc.message) from None
+
+
+ByteSize = Annotated[int, BeforeValidator(_size_or_error), PlainSerializer(format_size, return_type=str)]
+"""A size setting: accepts `512MiB` or a byte count, holds bytes."""
+
+Duration = Annotated[
+    float, BeforeValidator(_duration_or_error), PlainSerializer(format_duration, return_type=str)
+]
+"""A duration setting: accepts `1h` or seconds, holds seconds."""

@@ -1,0 +1,153 @@
+"""Test environment: a private Airflow home on SQLite, a real S3 server on loopback, helpers.
+
+Airflow reads its settings when first imported, so the environment is set here, at import time
+of this file, before any test module imports airflow.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+DATA = Path(__file__).resolve().parent / "data"
+
+_AIRFLOW_HOME = Path(tempfile.mkdtemp(prefix="seedance-airflow-"))
+os.environ.update(
+    {
+        "AIRFLOW_HOME": str(_AIRFLOW_HOME),
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{_AIRFLOW_HOME / 'airflow.db'}",
+        "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"),
+        "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO / "plugins"),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW__CORE__UNIT_TEST_MODE": "False",
+        "AIRFLOW__LOGGING__LOGGING_LEVEL": "WARNING",
+        "SEEDANCE_CONFIG": str(REPO / "config" / "seedance.yaml"),
+    }
+)
+for _name in list(os.environ):  # a developer's own overrides must not change test outcomes
+    if _name.startswith("SEEDANCE__"):
+        del os.environ[_name]
+
+
+# --------------------------------------------------------------------------- Airflow
+
+
+@pytest.fixture(scope="session")
+def airflow_db():
+    """An initialised Airflow metadata DB (SQLite) in this session's private AIRFLOW_HOME."""
+    from airflow.utils import db
+
+    db.initdb()
+    return _AIRFLOW_HOME
+
+
+@pytest.fixture(scope="session")
+def dagbag():
+    """Every DAG in dags/, parsed the way the DAG processor parses them."""
+    from airflow.dag_processing.dagbag import DagBag
+
+    return DagBag(dag_folder=str(REPO / "dags"))
+
+
+@pytest.fixture
+def run_dag(airflow_db, dagbag):
+    """Run a DAG for real with `dag.test()`; returns the DagRun. Does not assert success itself."""
+
+    def _run(dag_id: str, conf: dict | None = None, logical_date=None):
+        assert not dagbag.import_errors, dagbag.import_errors
+        dag = dagbag.dags[dag_id]
+        return dag.test(run_conf=conf or {}, logical_date=logical_date)
+
+    return _run
+
+
+def xcom_value(dag_run, task_id: str, key: str = "return_value", map_index: int = -1):
+    """The XCom a task of `dag_run` pushed (read from the metadata DB after the run)."""
+    from airflow.models.xcom import XComModel
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        row = (
+            session.query(XComModel)
+            .filter_by(dag_id=dag_run.dag_id, run_id=dag_run.run_id, task_id=task_id, key=key, map_index=map_index)
+            .one_or_none()
+        )
+        if row is None:
+            raise AssertionError(f"no XCom {key!r} from {task_id} in {dag_run.run_id}")
+        return XComModel.deserialize_value(row)
+
+
+# --------------------------------------------------------------------------- S3 on loopback
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """A real S3-compatible HTTP server (moto_server) on 127.0.0.1, and the AWS env pointing at it."""
+    port = _free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    endpoint = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                break
+        except OSError:
+            if server.poll() is not None or time.monotonic() > deadline:
+                server.kill()
+                raise RuntimeError("moto_server did not start") from None
+            time.sleep(0.1)
+    saved = {key: os.environ.get(key) for key in _AWS_ENV}
+    os.environ.update(
+        {
+            "AWS_ENDPOINT_URL": endpoint,
+            "AWS_ACCESS_KEY_ID": "testing",
+            "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_DEFAULT_REGION": "us-east-1",
+            "AWS_EC2_METADATA_DISABLED": "true",
+        }
+    )
+    os.environ.pop("AWS_SESSION_TOKEN", None)
+    os.environ.pop("AWS_PROFILE", None)
+    yield endpoint
+    server.terminate()
+    server.wait(10)
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
+_AWS_ENV = (
+    "AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION",
+    "AWS_EC2_METADATA_DISABLED", "AWS_SESSION_TOKEN", "AWS_PROFILE",
+)
+
+
+@pytest.fixture
+def s3_bucket(s3_server):
+    """A fresh, empty bucket on the loopback S3 server; yields its name."""
+    from seedance_tasks.storage import boto3_client
+
+    name = f"seedance-test-{uuid.uuid4().hex[:12]}"
+    boto3_client("s3").create_bucket(Bucket=name)
+    return name
