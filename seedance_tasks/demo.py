@@ -14,6 +14,7 @@ import os
 import sys
 import time
 import traceback
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -110,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workspace", type=Path, default=REPO / ".demo" / "workspace")
     parser.add_argument("--only", action="append", help="run only demos whose module name contains this")
     args = parser.parse_args(argv)
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
     workspace = args.workspace.resolve()
     configure_airflow(workspace.parent / "airflow")
     workspace.mkdir(parents=True, exist_ok=True)

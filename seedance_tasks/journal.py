@@ -42,6 +42,7 @@ class Journal:
     retires: list[str] = field(default_factory=list)  # relative paths
     state: str = WRITING
     meta: dict[str, Any] = field(default_factory=dict)
+    trash_id: str | None = None  # trash folder of retired files; default run_id (runs may share one)
 
     @property
     def path(self) -> str:
@@ -58,6 +59,7 @@ class Journal:
                 "publishes": self.publishes,
                 "retires": self.retires,
                 "meta": self.meta,
+                "trash_id": self.trash_id,
                 "updated_at": datetime.now(UTC).isoformat(),
             },
         )
@@ -71,11 +73,19 @@ class Journal:
         publishes: list[dict[str, str]],
         retires: list[str],
         meta: dict[str, Any] | None = None,
+        trash_id: str | None = None,
     ) -> Journal:
         """Record the intent (state `writing`) before any staged file is written."""
-        journal = cls(root, run_id, kind, list(publishes), list(retires), WRITING, dict(meta or {}))
+        journal = cls(root, run_id, kind, list(publishes), list(retires), WRITING, dict(meta or {}), trash_id)
         journal._save()
         return journal
+
+    def add_publish(self, staged: str, final: str) -> None:
+        """Record one more staged file (before it is written), so a rollback finds it."""
+        if self.state != WRITING:
+            raise ValueError(f"journal {self.run_id} is {self.state}; files are added while writing")
+        self.publishes.append({"staged": staged, "final": final})
+        self._save()
 
     def commit(self) -> None:
         """Pass the point of no return, then publish and retire; safe to call again after a crash."""
@@ -89,7 +99,7 @@ class Journal:
         for item in self.publishes:
             storage.publish(fs, self.root.join(item["staged"]), self.root.join(item["final"]))
         for relative in self.retires:
-            storage.move_to_trash(self.root, relative, self.run_id)
+            storage.move_to_trash(self.root, relative, self.trash_id or self.run_id)
         self._finish(DONE)
 
     def rollback(self) -> None:
@@ -98,7 +108,7 @@ class Journal:
             raise ValueError(f"journal {self.run_id} is {self.state}; only a writing run rolls back")
         for item in self.publishes:
             if storage.is_file(self.root.fs, self.root.join(item["staged"])):
-                storage.move_to_trash(self.root, item["staged"], self.run_id)
+                storage.move_to_trash(self.root, item["staged"], self.trash_id or self.run_id)
         self._finish(ROLLED_BACK)
 
     def _finish(self, state: str) -> None:
@@ -110,7 +120,14 @@ class Journal:
 def _load(root: Location, path: str) -> Journal:
     data = storage.read_json(root.fs, path)
     return Journal(
-        root, data["run_id"], data["kind"], data["publishes"], data["retires"], data["state"], data.get("meta", {})
+        root,
+        data["run_id"],
+        data["kind"],
+        data["publishes"],
+        data["retires"],
+        data["state"],
+        data.get("meta", {}),
+        data.get("trash_id"),
     )
 
 

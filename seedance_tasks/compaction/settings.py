@@ -11,6 +11,7 @@ from seedance_tasks.units import ByteSize, Duration
 
 
 class CompactionSettings(StrictModel):
+    default_uri: str | None = Field(None, description="lake the nightly DAG run compacts when no URI is given")
     target_file_size: ByteSize = Field(512 * 1024**2, description="size of the files compaction writes")
     small_file_size: ByteSize | None = Field(
         None, description="files smaller than this are compacted; default 75% of the target"

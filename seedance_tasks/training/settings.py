@@ -1,7 +1,65 @@
 """Settings of the training pipeline (section `training:` of config/seedance.yaml)."""
 
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
 from seedance_tasks.config import StrictModel
+from seedance_tasks.units import Duration
+
+
+class ModelSettings(StrictModel):
+    """The reference trainer's small GPT."""
+
+    vocab_size: int = Field(64, ge=2, description="token vocabulary (synthetic data draws from it)")
+    seq_len: int = Field(32, ge=2, description="tokens per sample")
+    d_model: int = Field(64, ge=8, description="embedding width")
+    n_layers: int = Field(2, ge=1, description="transformer blocks")
+    n_heads: int = Field(4, ge=1, description="attention heads (must divide d_model)")
+
+
+class ScheduleSettings(StrictModel):
+    """Effective (global) batch over the run: warmup, hold, decay; realised by gradient accumulation."""
+
+    micro_batch: int = Field(4, ge=1, description="samples per rank per forward pass; never changes")
+    start_batch: int = Field(16, ge=1, description="global batch at step 0")
+    peak_batch: int = Field(64, ge=1, description="global batch after warmup")
+    end_batch: int = Field(32, ge=1, description="global batch at the last step (after decay)")
+    warmup_steps: int = Field(10, ge=0, description="steps to ramp start_batch -> peak_batch")
+    decay_steps: int = Field(0, ge=0, description="last steps that ramp peak_batch -> end_batch; 0 = none")
+    critical_batch: int | None = Field(
+        None, ge=1, description="no batch beyond this, and no LR scaling beyond it (null = no cap)"
+    )
+    base_lr: float = Field(3e-3, gt=0, description="learning rate at base_batch")
+    base_batch: int = Field(16, ge=1, description="global batch base_lr was tuned at")
+    optimizer: Literal["adamw", "sgd"] = Field("adamw", description="reference trainer's optimizer")
+    lr_scaling: Literal["auto", "sqrt", "linear", "none"] = Field(
+        "auto", description="LR vs batch: auto = sqrt for Adam(W), linear for SGD"
+    )
 
 
 class TrainingSettings(StrictModel):
-    pass
+    profile: str = Field("auto", description="NCCL profile name from profiles_file, or auto (from the topology)")
+    profiles_file: str | None = Field(None, description="NCCL profiles; null = config/nccl_profiles.yaml")
+    backend: Literal["auto", "nccl", "gloo"] = Field("auto", description="auto = nccl with GPUs, else gloo")
+    nproc_per_node: int = Field(0, ge=0, description="processes per node; 0 = one per GPU (2 without GPUs)")
+    nnodes: int = Field(1, ge=1, description="nodes in the job")
+    max_restarts: int = Field(0, ge=0, description="torchrun restarts of the whole worker group on failure")
+    steps: int = Field(100, ge=1, description="optimizer steps of the reference trainer")
+    checkpoint_every: int = Field(50, ge=0, description="save every K steps (0 = only at the end)")
+    checkpoint_store: str | None = Field(None, description="checkpoint store; null = checkpoint.store")
+    log_dir: str | None = Field(None, description="where launch logs and metrics go; null = a temp folder")
+    nccl_debug: Literal["VERSION", "WARN", "INFO"] = Field(
+        "INFO", description="NCCL_DEBUG for launched jobs (INFO lets `train health` read channels/transports)"
+    )
+    collective_timeout: Duration = Field(
+        300, description="init_process_group timeout: a hung collective fails after this, not PyTorch's 10 min"
+    )
+    hang_timeout: Duration = Field(
+        900, description="launch kills the job when it prints nothing for this long (0 = never)"
+    )
+    seed: int = Field(1234, description="seed of the model init and the synthetic data")
+    model: ModelSettings = ModelSettings()
+    schedule: ScheduleSettings = ScheduleSettings()

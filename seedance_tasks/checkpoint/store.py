@@ -1,0 +1,654 @@
+"""The checkpoint store: `STORE/RUN/step-N/` = data files + `manifest.json` (written last = commit).
+
+Layout and manifest (format `seedance-checkpoint/1`), which GC and tiering rely on:
+
+- `tree`: the checkpoint's tree with tensors replaced by their index (see `tree.py`).
+- `tensors[i]`: name, dtype (as given), stored_dtype (differs only under lossy `bf16`), shape,
+  codec, `base` (the step a delta tensor is taken against, else null), chunk_bytes, and `chunks`:
+  `{file, offset, length, raw, sha256}` - where the compressed bytes are and the sha256 of the
+  raw (stored-dtype) bytes of that chunk. A tensor is read alone by reading only its chunks.
+- `files`: `{name: {size, tier, uri}}`; `uri` null means "next to the manifest", otherwise the
+  file lives at that URI (another tier). Readers go through `file_location`.
+- `base`: `{step, id}` of the checkpoint this one's deltas are against (null for a keyframe),
+  `chain`: every step a restore reads besides this one, nearest first (the keyframe last), and
+  `depth` = len(chain). GC must keep every step in the `chain` of a kept checkpoint.
+- `metrics`, `tags`, `stats` (raw/stored bytes, ratio, seconds), `source`, `created_at`, `id`.
+
+A checkpoint is immutable once committed. A step directory without a manifest is an interrupted
+save: invisible to readers, overwritten by the next save of that step.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import mmap
+import os
+import posixpath
+import re
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import numpy as np
+import pyarrow.fs as pafs
+
+from seedance_tasks import storage
+from seedance_tasks.checkpoint import codecs
+from seedance_tasks.checkpoint.tree import flatten, unflatten
+from seedance_tasks.errors import IntegrityError, RefusedError, UsageError
+from seedance_tasks.storage import Location
+
+FORMAT = "seedance-checkpoint/1"
+MANIFEST = "manifest.json"
+STEP_DIR = re.compile(r"^step-(\d+)$")
+LOSSY_DTYPES = {"float32", "float64"}
+log = logging.getLogger(__name__)
+
+
+def step_dir(step: int) -> str:
+    return f"step-{int(step)}"
+
+
+def _check_name(run: str) -> str:
+    if not run or run.startswith((".", "_")) or "/" in run or run in {".", ".."}:
+        raise UsageError(f"bad run name {run!r}", hint="a run is one path component, not starting with . or _")
+    return run
+
+
+def _workers(workers: int) -> int:
+    return workers or os.cpu_count() or 1
+
+
+# --------------------------------------------------------------------------- listing
+
+
+def committed_steps(store: Location, run: str) -> list[int]:
+    """The committed steps of `run` (those with a manifest), ascending."""
+    selector = pafs.FileSelector(store.join(_check_name(run)), recursive=True, allow_not_found=True)
+    steps = set()
+    for info in store.fs.get_file_info(selector):
+        if info.type != pafs.FileType.File or posixpath.basename(info.path) != MANIFEST:
+            continue
+        match = STEP_DIR.match(posixpath.basename(posixpath.dirname(info.path)))
+        if match and posixpath.dirname(posixpath.dirname(info.path)) == store.join(run):
+            steps.add(int(match.group(1)))
+    return sorted(steps)
+
+
+def runs(store: Location) -> list[str]:
+    """Run names in the store (directories not hidden)."""
+    selector = pafs.FileSelector(store.path, recursive=False, allow_not_found=True)
+    return sorted(
+        posixpath.basename(info.path)
+        for info in store.fs.get_file_info(selector)
+        if info.type == pafs.FileType.Directory and not storage.is_hidden(posixpath.basename(info.path))
+    )
+
+
+def manifest_path(store: Location, run: str, step: int) -> str:
+    return store.join(run, step_dir(step), MANIFEST)
+
+
+def read_manifest(store: Location, run: str, step: int) -> dict:
+    """The manifest of a committed checkpoint; IntegrityError if missing or unreadable."""
+    path = manifest_path(store, run, step)
+    try:
+        manifest = storage.read_json(store.fs, path)
+    except FileNotFoundError:
+        raise IntegrityError(
+            f"checkpoint {run}/{step_dir(step)} is missing (no {path})",
+            hint=f"`seedance ckpt ls --store {store.uri} --run {run}` lists what is stored",
+        ) from None
+    except ValueError as exc:
+        raise IntegrityError(f"manifest {path} is unreadable: {exc}") from None
+    if manifest.get("format") != FORMAT:
+        raise IntegrityError(f"manifest {path} has format {manifest.get('format')!r}, expected {FORMAT}")
+    return manifest
+
+
+def file_location(store: Location, run: str, step: int, name: str, entry: dict) -> tuple[pafs.FileSystem, str]:
+    """(filesystem, path) of data file `name` of a checkpoint: next to the manifest, or at its `uri`."""
+    if entry.get("uri"):
+        found = storage.resolve(entry["uri"])
+        return found.fs, found.path
+    return store.fs, store.join(run, step_dir(step), name)
+
+
+# --------------------------------------------------------------------------- tensors <-> bytes
+
+
+def _dtype_name(dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _torch_dtype(name: str):
+    import torch
+
+    dtype = getattr(torch, name, None)
+    if not isinstance(dtype, torch.dtype):
+        raise IntegrityError(f"unknown dtype {name!r} in a manifest")
+    return dtype
+
+
+def _raw_bytes(tensor) -> np.ndarray:
+    """The tensor's bytes as a flat uint8 array (zero-copy for a contiguous CPU tensor)."""
+    flat = tensor.detach().cpu().resolve_conj().resolve_neg().contiguous().reshape(-1)
+    return flat.view(__import__("torch").uint8).numpy()
+
+
+@dataclass
+class _Prepared:
+    name: str
+    dtype: str
+    stored_dtype: str
+    shape: list[int]
+    raw: np.ndarray
+    width: int
+    lossy: str | None = None
+    codec: str = ""
+    base: np.ndarray | None = None
+    base_step: int | None = None
+    chunks: list[dict] = field(default_factory=list)
+
+
+def _prepare(name: str, tensor, lossy: str | None, lossy_min_elements: int) -> _Prepared:
+    import torch
+
+    dtype = _dtype_name(tensor.dtype)
+    stored, applied = tensor, None
+    if (
+        lossy == "bf16"
+        and dtype in LOSSY_DTYPES
+        and tensor.numel() >= lossy_min_elements
+        and not name.endswith("step")
+    ):
+        stored, applied = tensor.detach().to(torch.bfloat16), "bf16"
+    return _Prepared(
+        name=name,
+        dtype=dtype,
+        stored_dtype=_dtype_name(stored.dtype),
+        shape=list(tensor.shape),
+        raw=_raw_bytes(stored),
+        width=stored.element_size(),
+        lossy=applied,
+    )
+
+
+# --------------------------------------------------------------------------- base cache (training loops)
+
+_CACHE: dict[tuple[str, str], dict] = {}
+_CACHE_LOCK = threading.Lock()
+
+
+def _cache_key(store: Location, run: str) -> tuple[str, str]:
+    return (store.uri, run)
+
+
+# --------------------------------------------------------------------------- save
+
+
+def _base_for(store: Location, run: str, step: int, keyframe_every: int) -> tuple[dict | None, list[int]]:
+    """The manifest of the checkpoint to delta against (None: store a keyframe) and all steps."""
+    steps = committed_steps(store, run)
+    earlier = [s for s in steps if s < step]
+    if not earlier or keyframe_every <= 1:
+        return None, steps
+    base = read_manifest(store, run, earlier[-1])
+    if base.get("depth", 0) + 1 >= keyframe_every:
+        return None, steps
+    return base, steps
+
+
+def save_state(
+    state: Any,
+    store_uri: str,
+    run: str,
+    step: int,
+    *,
+    settings,
+    codec: str | None = None,
+    keyframe_every: int | None = None,
+    lossy: str | None = None,
+    metrics: dict | None = None,
+    tags: Iterable[str] = (),
+    source: dict | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> dict:
+    """Store `state` as checkpoint `run`/`step`; returns the summary (bytes, ratio, kind, base, MB/s).
+
+    The data files are written first and the manifest last, so a crash leaves either the whole
+    checkpoint or none. A committed step is never overwritten (RefusedError).
+    """
+    started = time.perf_counter()
+    codec = codec or settings.codec
+    keyframe_every = keyframe_every or settings.keyframe_every
+    lossy = lossy if lossy is not None else settings.lossy
+    if lossy in ("", "none"):
+        lossy = None
+    if codec not in ("auto", "delta", *codecs.FULL_CODECS):
+        raise UsageError(f"unknown codec {codec!r}", hint="use auto, zstd, lz4, bgzstd or delta")
+    if lossy not in (None, "bf16"):
+        raise UsageError(f"unknown lossy mode {lossy!r}", hint="the only lossy mode is bf16")
+    if int(step) < 0:
+        raise UsageError(f"step must be >= 0, got {step}")
+    step = int(step)
+    store = storage.resolve(store_uri)
+    _check_name(run)
+    if storage.is_file(store.fs, manifest_path(store, run, step)):
+        raise RefusedError(
+            f"checkpoint {run}/{step_dir(step)} is already stored in {store.uri}",
+            hint="checkpoints are immutable: save under a new step",
+        )
+    skeleton, named = flatten(state)
+    prepared = [_prepare(name, tensor, lossy, settings.lossy_min_elements) for name, tensor in named]
+
+    base_manifest = None
+    if codec in ("auto", "delta"):
+        base_manifest, _ = _base_for(store, run, step, keyframe_every)
+    base_raw = _base_bytes(store, run, base_manifest, settings) if base_manifest else {}
+    chunk_bytes = max(settings.chunk_size, 1)
+
+    level = settings.zstd_level
+    base_tensors = {t["name"]: t for t in base_manifest["tensors"]} if base_manifest else {}
+
+    def decide(item: _Prepared) -> None:
+        item_chunk = max(chunk_bytes // item.width, 1) * item.width
+        entry = base_tensors.get(item.name)
+        candidate = base_raw.get(item.name)
+        if (
+            entry is not None
+            and candidate is not None
+            and entry["stored_dtype"] == item.stored_dtype
+            and entry["shape"] == item.shape
+            and entry["chunk_bytes"] == item_chunk
+        ):
+            item.base = candidate
+        floats = item.stored_dtype.startswith(("float", "bfloat", "complex"))
+        if codec == "auto" or codec == "delta":
+            item.codec = codecs.choose(item.raw, item.width, level, item.base, settings.min_delta_gain, floats=floats)
+        else:
+            item.codec = codec
+        if item.codec in codecs.DELTA_CODECS:
+            item.base_step = base_manifest["step"]
+        else:
+            item.base = None
+
+    workers = _workers(settings.workers)
+    tasks: list[tuple[_Prepared, int, int]] = []
+    with ThreadPoolExecutor(workers, thread_name_prefix="ckpt") as pool:
+        list(pool.map(decide, prepared))
+        for item in prepared:
+            size = item.raw.size
+            item_chunk = max(chunk_bytes // item.width, 1) * item.width
+            for offset in range(0, max(size, 1), item_chunk):
+                tasks.append((item, offset, min(offset + item_chunk, size)))
+
+        def encode(task: tuple[_Prepared, int, int]) -> tuple[bytes, str]:
+            item, start, stop = task
+            raw = item.raw[start:stop]
+            base = item.base[start:stop] if item.base is not None else None
+            return codecs.encode(item.codec, raw, item.width, level, base), hashlib.sha256(raw).hexdigest()
+
+        files = _write_chunks(store, run, step, tasks, pool, encode, workers, settings.data_file_size, progress)
+
+    raw_total = sum(item.raw.size for item in prepared)
+    stored_total = sum(entry["size"] for entry in files.values())
+    uses_delta = any(item.base_step is not None for item in prepared)
+    base_ref = {"step": base_manifest["step"], "id": base_manifest["id"]} if uses_delta else None
+    chain = [base_manifest["step"], *base_manifest.get("chain", [])] if uses_delta else []
+    seconds = time.perf_counter() - started
+    manifest = {
+        "format": FORMAT,
+        "id": uuid.uuid4().hex,
+        "run": run,
+        "step": step,
+        "created_at": datetime.now(UTC).isoformat(),
+        "kind": "delta" if uses_delta else "full",
+        "base": base_ref,
+        "chain": chain,
+        "depth": len(chain),
+        "lossy": lossy if any(item.lossy for item in prepared) else None,
+        "tree": skeleton,
+        "files": files,
+        "tensors": [
+            {
+                "name": item.name,
+                "dtype": item.dtype,
+                "stored_dtype": item.stored_dtype,
+                "lossy": item.lossy,
+                "shape": item.shape,
+                "nbytes": item.raw.size,
+                "codec": item.codec,
+                "base": item.base_step,
+                "chunk_bytes": max(chunk_bytes // item.width, 1) * item.width,
+                "chunks": item.chunks,
+            }
+            for item in prepared
+        ],
+        "metrics": dict(metrics or {}),
+        "tags": sorted(set(tags)),
+        "source": source or {},
+        "stats": {
+            "raw_bytes": raw_total,
+            "stored_bytes": stored_total,
+            "ratio": raw_total / stored_total if stored_total else None,
+            "seconds": seconds,
+            "codecs": _codec_counts(prepared),
+        },
+    }
+    storage.write_json_atomic(store.fs, manifest_path(store, run, step), manifest)
+    if settings.cache_base:
+        with _CACHE_LOCK:
+            _CACHE[_cache_key(store, run)] = {
+                "step": step,
+                "id": manifest["id"],
+                "raw": {item.name: item.raw.copy() for item in prepared},
+            }
+    return summary(manifest, store.uri, seconds=time.perf_counter() - started)
+
+
+def _codec_counts(prepared: list[_Prepared]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for item in prepared:
+        counts[item.codec] = counts.get(item.codec, 0) + 1
+    return counts
+
+
+def summary(manifest: dict, store_uri: str, seconds: float | None = None) -> dict:
+    """The small JSON summary of a stored checkpoint (what `put --json` and save() return)."""
+    stats = manifest["stats"]
+    seconds = stats["seconds"] if seconds is None else seconds
+    return {
+        "store": store_uri,
+        "run": manifest["run"],
+        "step": manifest["step"],
+        "kind": manifest["kind"],
+        "base": manifest["base"]["step"] if manifest.get("base") else None,
+        "depth": manifest.get("depth", 0),
+        "lossy": manifest.get("lossy"),
+        "tensors": len(manifest["tensors"]),
+        "raw_bytes": stats["raw_bytes"],
+        "stored_bytes": stats["stored_bytes"],
+        "ratio": round(stats["ratio"], 4) if stats["ratio"] else None,
+        "seconds": round(seconds, 4),
+        "mb_per_s": round(stats["raw_bytes"] / seconds / 1e6, 1) if seconds else None,
+        "codecs": stats["codecs"],
+    }
+
+
+def _write_chunks(store, run, step, tasks, pool, encode, workers, data_file_size, progress) -> dict:
+    """Encode `tasks` in parallel (bounded window) and append them in order to the data files."""
+    files: dict[str, dict] = {}
+    directory = store.join(run, step_dir(step))
+    store.fs.create_dir(directory, recursive=True)
+    stream = None
+    name = ""
+    offset = 0
+    window: deque = deque()
+    pending = iter(tasks)
+
+    def submit_next() -> bool:
+        task = next(pending, None)
+        if task is None:
+            return False
+        window.append((task, pool.submit(encode, task)))
+        return True
+
+    try:
+        for _ in range(workers * 3):
+            if not submit_next():
+                break
+        while window:
+            (item, start, stop), future = window.popleft()
+            payload, digest = future.result()
+            submit_next()
+            if stream is None or (offset and offset + len(payload) > data_file_size):
+                if stream is not None:
+                    stream.close()
+                    files[name]["size"] = offset
+                name = f"data-{len(files):04d}.bin"
+                stream = store.fs.open_output_stream(posixpath.join(directory, name))
+                files[name] = {"size": 0, "tier": "hot", "uri": None}
+                offset = 0
+            stream.write(payload)
+            item.chunks.append(
+                {"file": name, "offset": offset, "length": len(payload), "raw": stop - start, "sha256": digest}
+            )
+            offset += len(payload)
+            if progress:
+                progress(stop - start)
+        if stream is None:  # a checkpoint without tensors still gets its (empty) data file
+            name = "data-0000.bin"
+            stream = store.fs.open_output_stream(posixpath.join(directory, name))
+            files[name] = {"size": 0, "tier": "hot", "uri": None}
+        stream.close()
+        files[name]["size"] = offset
+        stream = None
+    finally:
+        if stream is not None:
+            stream.close()
+        for _task, future in window:
+            future.cancel()
+    return files
+
+
+# --------------------------------------------------------------------------- restore
+
+
+class _Files:
+    """Reads byte ranges of a checkpoint's data files: mmap locally, one whole GET per file on S3."""
+
+    def __init__(self, store: Location, run: str, manifest: dict):
+        self.store, self.run, self.manifest = store, run, manifest
+        self._data: dict[str, Any] = {}
+        self._lock = threading.Lock()
+
+    def where(self, name: str) -> str:
+        entry = self.manifest["files"].get(name, {})
+        fs, path = file_location(self.store, self.run, self.manifest["step"], name, entry)
+        return path if isinstance(fs, pafs.LocalFileSystem) else f"s3://{path}"
+
+    def _open(self, name: str):
+        entry = self.manifest["files"].get(name)
+        if entry is None:
+            raise IntegrityError(f"data file {name} is not listed in the manifest")
+        fs, path = file_location(self.store, self.run, self.manifest["step"], name, entry)
+        try:
+            if isinstance(fs, pafs.LocalFileSystem):
+                with open(path, "rb") as handle:
+                    size = os.fstat(handle.fileno()).st_size
+                    data = memoryview(mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)) if size else b""
+            else:
+                data = storage.read_bytes(fs, path)
+        except FileNotFoundError:
+            raise IntegrityError(f"data file {self.where(name)} is missing") from None
+        except OSError as exc:
+            if "not found" in str(exc).lower() or "nosuchkey" in str(exc).lower():
+                raise IntegrityError(f"data file {self.where(name)} is missing") from None
+            raise
+        if len(data) != entry.get("size", len(data)):
+            raise IntegrityError(
+                f"data file {self.where(name)} is {len(data)} bytes, the manifest says {entry['size']} (truncated?)"
+            )
+        return data
+
+    def read(self, name: str, offset: int, length: int):
+        data = self._data.get(name)
+        if data is None:
+            with self._lock:
+                data = self._data.get(name)
+                if data is None:
+                    data = self._data[name] = self._open(name)
+        if offset + length > len(data):
+            raise IntegrityError(f"data file {self.where(name)} is truncated")
+        return data[offset : offset + length]
+
+
+class _Chain:
+    """A checkpoint and, lazily, the checkpoints its deltas are against."""
+
+    def __init__(self, store: Location, run: str, step: int, manifest: dict | None = None):
+        self.store, self.run, self.step = store, run, step
+        self.manifest = manifest or read_manifest(store, run, step)
+        self.files = _Files(store, run, self.manifest)
+        self.tensors = {t["name"]: t for t in self.manifest["tensors"]}
+        self._base: _Chain | None = None
+        self._lock = threading.Lock()
+
+    def base(self, tensor_name: str) -> _Chain:
+        with self._lock:
+            if self._base is None:
+                ref = self.manifest.get("base") or {}
+                base_step = ref.get("step")
+                if base_step is None:
+                    raise IntegrityError(f"tensor {tensor_name} of step {self.step} is a delta without a base")
+                try:
+                    base = _Chain(self.store, self.run, base_step)
+                except IntegrityError as exc:
+                    raise IntegrityError(
+                        f"tensor {tensor_name} of {self.run}/{step_dir(self.step)} is a delta against "
+                        f"{step_dir(base_step)}, which is missing or damaged: {exc.message}"
+                    ) from None
+                if base.manifest["id"] != ref.get("id"):
+                    raise IntegrityError(
+                        f"base {step_dir(base_step)} of {self.run}/{step_dir(self.step)} was replaced "
+                        f"(id {base.manifest['id']}, expected {ref.get('id')})"
+                    )
+                self._base = base
+            return self._base
+
+    def chunk(self, name: str, index: int, out: np.ndarray, check: bool) -> None:
+        """Decode chunk `index` of tensor `name` (stored bytes) into `out`; sha256-checked if `check`."""
+        entry = self.tensors.get(name)
+        if entry is None:
+            raise IntegrityError(f"tensor {name} is missing from {self.run}/{step_dir(self.step)}")
+        chunk = entry["chunks"][index]
+        base = None
+        if entry["codec"] in codecs.DELTA_CODECS:
+            base = np.empty(chunk["raw"], dtype=np.uint8)
+            self.base(name).chunk(name, index, base, check)
+        payload = self.files.read(chunk["file"], chunk["offset"], chunk["length"])
+        width = _torch_dtype(entry["stored_dtype"]).itemsize
+        try:
+            codecs.decode(entry["codec"], payload, chunk["raw"], width, out, base)
+        except ValueError as exc:
+            raise IntegrityError(
+                f"tensor {name} of {self.run}/{step_dir(self.step)}: chunk {index} in "
+                f"{self.files.where(chunk['file'])} is damaged: {exc}"
+            ) from None
+        if check and hashlib.sha256(out).hexdigest() != chunk["sha256"]:
+            raise IntegrityError(
+                f"tensor {name} of {self.run}/{step_dir(self.step)}: chunk {index} in "
+                f"{self.files.where(chunk['file'])} does not match its sha256"
+            )
+
+
+def _decode_tensors(chain: _Chain, names: list[str], workers: int, progress=None) -> dict[str, np.ndarray]:
+    """Stored bytes of each tensor in `names`, every chunk checked against its sha256."""
+    outputs = {name: np.empty(chain.tensors[name]["nbytes"], dtype=np.uint8) for name in names}
+    jobs = []
+    for name in names:
+        entry = chain.tensors[name]
+        start = 0
+        for index, chunk in enumerate(entry["chunks"]):
+            jobs.append((name, index, start, start + chunk["raw"]))
+            start += chunk["raw"]
+        if start != entry["nbytes"]:
+            raise IntegrityError(f"tensor {name} of step {chain.step}: chunks hold {start} bytes, not {entry['nbytes']}")
+
+    def run(job) -> None:
+        name, index, start, stop = job
+        try:
+            chain.chunk(name, index, outputs[name][start:stop], check=False)
+            entry = chain.tensors[name]["chunks"][index]
+            if hashlib.sha256(outputs[name][start:stop]).hexdigest() != entry["sha256"]:
+                # find the damaged link of the chain: decode again checking every level
+                chain.chunk(name, index, outputs[name][start:stop], check=True)
+                raise IntegrityError(
+                    f"tensor {name} of {chain.run}/{step_dir(chain.step)}: chunk {index} in "
+                    f"{chain.files.where(entry['file'])} does not match its sha256"
+                )
+        finally:
+            if progress:
+                progress(stop - start)
+
+    with ThreadPoolExecutor(_workers(workers), thread_name_prefix="ckpt") as pool:
+        for _ in pool.map(run, jobs):
+            pass
+    return outputs
+
+
+def _base_bytes(store: Location, run: str, manifest: dict, settings) -> dict[str, np.ndarray]:
+    """Stored bytes of every tensor of the base checkpoint: from the in-memory cache or the store."""
+    with _CACHE_LOCK:
+        cached = _CACHE.get(_cache_key(store, run))
+    if cached and cached["step"] == manifest["step"] and cached["id"] == manifest["id"]:
+        return cached["raw"]
+    chain = _Chain(store, run, manifest["step"], manifest)
+    return _decode_tensors(chain, list(chain.tensors), settings.workers)
+
+
+def _to_tensor(entry: dict, raw: np.ndarray):
+    import torch
+
+    stored = torch.from_numpy(raw).view(_torch_dtype(entry["stored_dtype"]))
+    stored = stored.reshape(entry["shape"])
+    if entry["stored_dtype"] != entry["dtype"]:
+        stored = stored.to(_torch_dtype(entry["dtype"]))
+    return stored
+
+
+def resolve_step(store: Location, run: str, step: int | None) -> int:
+    if step is not None:
+        return int(step)
+    steps = committed_steps(store, run)
+    if not steps:
+        raise IntegrityError(
+            f"no committed checkpoint of run {run!r} in {store.uri}",
+            hint=f"`seedance ckpt ls --store {store.uri}` lists the runs",
+        )
+    return steps[-1]
+
+
+def load_state(store_uri: str, run: str, step: int | None, *, workers: int = 0, names=None, progress=None):
+    """(state, manifest) of checkpoint `run`/`step` (None: latest), every chunk sha256-verified.
+
+    A lossy (bf16) tensor comes back in its original dtype with bf16 precision; a warning says so.
+    With `names`, only those tensors are read (and only their chunks); the rest of the tree is None.
+    """
+    store = storage.resolve(store_uri)
+    step = resolve_step(store, run, step)
+    chain = _Chain(store, _check_name(run), step)
+    wanted = list(chain.tensors) if names is None else list(names)
+    for name in wanted:
+        if name not in chain.tensors:
+            raise UsageError(f"no tensor {name!r} in {run}/{step_dir(step)}")
+    raw = _decode_tensors(chain, wanted, workers, progress)
+    tensors = [
+        _to_tensor(entry, raw[entry["name"]]) if entry["name"] in raw else None
+        for entry in chain.manifest["tensors"]
+    ]
+    if chain.manifest.get("lossy"):
+        log.warning(
+            "checkpoint %s/%s was stored lossy (%s): %d tensor(s) carry %s precision",
+            run, step_dir(step), chain.manifest["lossy"],
+            sum(1 for t in chain.manifest["tensors"] if t.get("lossy")), chain.manifest["lossy"],
+        )
+    return unflatten(chain.manifest["tree"], tensors), chain.manifest
+
+
+def verify(store_uri: str, run: str, step: int, *, workers: int = 0) -> dict:
+    """Decode every tensor of `run`/`step` (and its chain) and check every sha256; raises IntegrityError."""
+    store = storage.resolve(store_uri)
+    started = time.perf_counter()
+    chain = _Chain(store, run, step)
+    _decode_tensors(chain, list(chain.tensors), workers)
+    return {"run": run, "step": step, "ok": True, "tensors": len(chain.tensors),
+            "seconds": round(time.perf_counter() - started, 3)}

@@ -1,0 +1,186 @@
+"""A whole compaction run: recover, plan, compact partitions in parallel, report.
+
+`compact_dataset` is what `seedance compact` calls; the DAG calls the same steps one task each
+(`prepare`, `compact_group`, `summarize`) so that partitions fan out over workers.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import asdict
+from datetime import UTC, datetime
+from decimal import Decimal
+from multiprocessing import get_context
+
+from seedance_tasks import journal, storage
+from seedance_tasks.compaction.plan import CompactionPlan, PartitionPlan, plan_compaction
+from seedance_tasks.compaction.settings import CompactionSettings
+from seedance_tasks.compaction.writer import JOURNAL_KIND, compact_partition
+
+PLANS_DIR = f"{storage.SEEDANCE_DIR}/plans"
+
+
+def prepare(uri: str, settings: CompactionSettings, *, now: datetime | None = None,
+            recover: bool = True) -> tuple[CompactionPlan, list[dict]]:
+    """Finish interrupted runs under `uri` (from their journals), then plan a new run.
+
+    With recover=False (dry runs) interrupted runs are only reported. Returns the plan and what
+    recovery did. Raises RefusedError for table-format datasets.
+    """
+    root = storage.resolve(uri)
+    if recover:
+        recovered = journal.recover(root, JOURNAL_KIND)
+    else:
+        recovered = [{"run_id": item.run_id, "action": f"pending ({item.state})"}
+                     for item in journal.pending(root, JOURNAL_KIND)]
+    plan = plan_compaction(
+        root, storage.new_run_id(now), small_file_size=settings.effective_small_file_size,
+        min_age_s=settings.min_age, now=now,
+    )
+    return plan, recovered
+
+
+def save_plan(plan: CompactionPlan) -> str:
+    """Store the plan under `<root>/_seedance/plans/<run_id>.json`; returns its URI."""
+    root = storage.resolve(plan.uri)
+    path = root.join(PLANS_DIR, f"{plan.run_id}.json")
+    storage.write_json_atomic(root.fs, path, plan.to_json())
+    return root.uri_of(path)
+
+
+def load_plan(plan_uri: str) -> CompactionPlan:
+    location = storage.resolve(plan_uri)
+    return CompactionPlan.from_json(storage.read_json(location.fs, location.path))
+
+
+def group_partitions(plan: CompactionPlan, max_groups: int) -> list[list[int]]:
+    """Partition indices in at most `max_groups` groups of about equal bytes (largest first)."""
+    count = min(max_groups, len(plan.partitions))
+    if count == 0:
+        return []
+    groups: list[list[int]] = [[] for _ in range(count)]
+    loads = [0] * count
+    order = sorted(range(len(plan.partitions)), key=lambda i: plan.partitions[i].bytes, reverse=True)
+    for index in order:
+        lightest = loads.index(min(loads))
+        groups[lightest].append(index)
+        loads[lightest] += plan.partitions[index].bytes
+    return [sorted(group) for group in groups]
+
+
+def _compact_one(uri: str, partition: PartitionPlan, run_id: str, index: int, settings: CompactionSettings) -> dict:
+    return asdict(compact_partition(storage.resolve(uri), partition, run_id, index, settings))
+
+
+def compact_group(plan: CompactionPlan, indices: list[int], settings: CompactionSettings,
+                  *, workers: int | None = None, on_done: Callable[[dict], None] | None = None) -> list[dict]:
+    """Compact the partitions `indices` of `plan`, in up to `workers` processes; results in order."""
+    workers = workers or settings.workers or os.cpu_count() or 1
+    workers = max(1, min(workers, len(indices)))
+    results: dict[int, dict] = {}
+    if workers == 1:
+        for index in indices:
+            results[index] = _compact_one(plan.uri, plan.partitions[index], plan.run_id, index, settings)
+            if on_done:
+                on_done(results[index])
+    else:
+        with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
+            futures = {
+                pool.submit(_compact_one, plan.uri, plan.partitions[index], plan.run_id, index, settings): index
+                for index in sorted(indices, key=lambda i: plan.partitions[i].bytes, reverse=True)
+            }
+            for future in as_completed(futures):
+                results[futures[future]] = future.result()
+                if on_done:
+                    on_done(results[futures[future]])
+    return [results[index] for index in indices]
+
+
+def summarize(plan: CompactionPlan, results: list[dict], settings: CompactionSettings, *,
+              recovered: list[dict] | None = None, dry_run: bool = False, seconds: float | None = None) -> dict:
+    """The run's report: partitions, files/bytes before and after, rows, quarantine, saving."""
+    compacted = [result for result in results if result["status"] == "compacted"]
+    skipped = list(plan.skipped) + [
+        {"partition": result["partition"], "reason": result["reason"]}
+        for result in results if result["status"] == "skipped"
+    ]
+    if dry_run:
+        files_before = sum(len(partition.files) for partition in plan.partitions)
+        bytes_before = sum(partition.bytes for partition in plan.partitions)
+        files_after = sum(max(1, -(-partition.bytes // settings.target_file_size)) for partition in plan.partitions)
+        bytes_after, rows = None, None
+    else:
+        files_before = sum(result["files_before"] for result in compacted)
+        bytes_before = sum(result["bytes_before"] for result in compacted)
+        files_after = sum(result["files_after"] for result in compacted)
+        bytes_after = sum(result["bytes_after"] for result in compacted)
+        rows = sum(result["rows"] for result in compacted)
+    files_removed = max(files_before - files_after, 0)
+    requests = files_removed * settings.s3_requests_per_file_per_month
+    usd = (Decimal(requests) / 1000 * Decimal(settings.s3_get_price_per_1000)).quantize(Decimal("0.01"))
+    report = {
+        "run_id": plan.run_id,
+        "uri": plan.uri,
+        "dry_run": dry_run,
+        "target_file_size": settings.target_file_size,
+        "small_file_size": settings.effective_small_file_size,
+        "data_files_listed": plan.files_listed,
+        "partitions_compacted": len(plan.partitions) if dry_run else len(compacted),
+        "partitions": [
+            {"partition": partition.partition or ".", "files": len(partition.files), "bytes": partition.bytes}
+            for partition in plan.partitions
+        ] if dry_run else [
+            {key: result[key] for key in ("partition", "files_before", "bytes_before", "files_after", "bytes_after", "rows", "outputs")}
+            for result in compacted
+        ],
+        "skipped": skipped,
+        "files_before": files_before,
+        "files_after": files_after,
+        "bytes_before": bytes_before,
+        "bytes_after": bytes_after,
+        "rows": rows,
+        "quarantined": [item for result in results for item in result["quarantined"]],
+        "recovered": recovered or [],
+        "estimated_monthly_saving": {
+            "s3_requests": requests,
+            "usd": str(usd),
+            "basis": f"{settings.s3_requests_per_file_per_month} GET/LIST per file per month at "
+                     f"${settings.s3_get_price_per_1000} per 1,000",
+        },
+        "trash": storage.resolve(plan.uri).uri_of(storage.resolve(plan.uri).join(storage.TRASH_DIR, plan.run_id))
+        if compacted else None,
+    }
+    if seconds is not None:
+        report["seconds"] = round(seconds, 3)
+        if bytes_before and not dry_run:
+            report["mb_per_s"] = round(bytes_before / 1e6 / max(seconds, 1e-9), 1)
+    return report
+
+
+def compact_dataset(uri: str, settings: CompactionSettings, *, dry_run: bool = False,
+                    now: datetime | None = None, on_progress: Callable[[int, int], None] | None = None) -> dict:
+    """Compact the dataset at `uri` (see the module doc); returns the report.
+
+    `on_progress(bytes_done, bytes_total)` is called as partitions finish.
+    """
+    started = time.monotonic()
+    now = now or datetime.now(UTC)
+    plan, recovered = prepare(uri, settings, now=now, recover=not dry_run)
+    if dry_run:
+        return summarize(plan, [], settings, recovered=recovered, dry_run=True, seconds=time.monotonic() - started)
+    if plan.partitions:
+        save_plan(plan)
+    total = sum(partition.bytes for partition in plan.partitions)
+    done = 0
+
+    def progress(result: dict) -> None:
+        nonlocal done
+        done += result["bytes_before"] or 0
+        if on_progress:
+            on_progress(done, total)
+
+    results = compact_group(plan, list(range(len(plan.partitions))), settings, on_done=progress)
+    return summarize(plan, results, settings, recovered=recovered, seconds=time.monotonic() - started)

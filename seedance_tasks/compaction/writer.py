@@ -1,0 +1,290 @@
+"""Rewrite one partition's small files into files of about the target size, crash-safely.
+
+Row groups stream from the sources (a reader thread prefetches whole row groups) into a rolling
+Parquet writer that cuts a new file when the next row group would pass the target size. Memory
+is bounded by the row-group size, not by the input or the target file size. New files are
+written under hidden names, verified (row count, schema), published, and only then are the
+sources retired to the trash, all through a journal (`seedance_tasks.journal`).
+"""
+
+from __future__ import annotations
+
+import posixpath
+import queue
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from seedance_tasks import storage
+from seedance_tasks.compaction.plan import PartitionPlan, SourceFile
+from seedance_tasks.compaction.schema import SchemaConflict, conform, unify
+from seedance_tasks.compaction.settings import CompactionSettings
+from seedance_tasks.errors import IntegrityError
+from seedance_tasks.journal import Journal
+from seedance_tasks.storage import Location
+
+JOURNAL_KIND = "compaction"
+_PREFETCH_ROW_GROUPS = 4
+_READ_ERRORS = (pa.ArrowInvalid, pa.ArrowIOError, pa.ArrowNotImplementedError, pa.ArrowTypeError, OSError, ValueError)
+
+
+class BadSourceFile(Exception):
+    """A source file could not be read; it is quarantined and its partition retried without it."""
+
+    def __init__(self, source: SourceFile, reason: str):
+        super().__init__(f"{source.path}: {reason}")
+        self.source = source
+        self.reason = reason
+
+
+@dataclass
+class PartitionResult:
+    partition: str
+    status: str  # "compacted" or "skipped"
+    reason: str = ""
+    files_before: int = 0
+    bytes_before: int = 0
+    files_after: int = 0
+    bytes_after: int = 0
+    rows: int = 0
+    outputs: list[str] = field(default_factory=list)
+    quarantined: list[dict] = field(default_factory=list)
+
+
+def _open(root: Location, source: SourceFile) -> pq.ParquetFile:
+    try:
+        handle = root.fs.open_input_file(root.join(source.path))
+        return pq.ParquetFile(handle, pre_buffer=True)
+    except _READ_ERRORS as exc:
+        raise BadSourceFile(source, f"not a readable Parquet file ({exc})") from None
+
+
+def _row_groups(root: Location, sources: list[tuple[SourceFile, pq.ParquetFile]], schema: pa.Schema) -> Iterator[pa.Table]:
+    for source, parquet in sources:
+        for index in range(parquet.num_row_groups):
+            try:
+                table = parquet.read_row_group(index)
+            except _READ_ERRORS as exc:
+                raise BadSourceFile(source, f"row group {index} unreadable ({exc})") from None
+            yield conform(table, schema)
+
+
+def _prefetched(tables: Iterator[pa.Table], depth: int = _PREFETCH_ROW_GROUPS) -> Iterator[pa.Table]:
+    """Iterate `tables` with a reader thread running ahead by up to `depth` row groups."""
+    buffer: queue.Queue = queue.Queue(maxsize=depth)
+    done = object()
+    stop = threading.Event()
+
+    def produce() -> None:
+        try:
+            for table in tables:
+                while not stop.is_set():
+                    try:
+                        buffer.put(table, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+            buffer.put(done)
+        except BaseException as exc:  # handed to the consumer, re-raised there
+            buffer.put(exc)
+
+    thread = threading.Thread(target=produce, name="compaction-reader", daemon=True)
+    thread.start()
+    try:
+        while True:
+            item = buffer.get()
+            if item is done:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+        thread.join()
+
+
+def _dictionary_columns(table: pa.Table, max_cardinality: float) -> list[str]:
+    """Columns worth dictionary encoding: strings, binaries and integers with few distinct values."""
+    chosen = []
+    rows = max(table.num_rows, 1)
+    for field_ in table.schema:
+        kind = field_.type
+        if not (pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_binary(kind)
+                or pa.types.is_large_binary(kind) or pa.types.is_integer(kind) or pa.types.is_dictionary(kind)):
+            continue
+        distinct = pc.count_distinct(table.column(field_.name)).as_py()
+        if distinct / rows <= max_cardinality:
+            chosen.append(field_.name)
+    return chosen
+
+
+class _RollingWriter:
+    """Writes row groups of about `row_group_size` bytes into files of about `target_file_size`."""
+
+    def __init__(self, root: Location, journal: Journal, partition: str, run_id: str, schema: pa.Schema,
+                 settings: CompactionSettings):
+        self.root, self.journal, self.partition, self.run_id = root, journal, partition, run_id
+        self.schema, self.settings = schema, settings
+        self.pending: list[pa.Table] = []
+        self.pending_bytes = 0
+        self.writer: pq.ParquetWriter | None = None
+        self.sink = None
+        self.dictionary: list[str] | None = None
+        self.ratio = 1.0  # compressed / uncompressed, learnt from the row groups written so far
+        self.outputs: list[dict] = []  # {"staged", "final"} relative paths
+
+    def write(self, table: pa.Table) -> None:
+        self.pending.append(table)
+        self.pending_bytes += table.nbytes
+        if self.pending_bytes >= self._flush_threshold():
+            self._flush()
+
+    def _flush_threshold(self) -> float:
+        """Uncompressed bytes for the next row group: the configured size, or less to fill the file."""
+        target = self.settings.target_file_size
+        room = target - (self.sink.tell() if self.sink is not None else 0)
+        floor = min(self.settings.row_group_size, target) / 16
+        return min(self.settings.row_group_size, max(room / self.ratio, floor))
+
+    def _open_next(self, sample: pa.Table) -> None:
+        index = len(self.outputs)
+        final = posixpath.join(self.partition, f"part-{self.run_id}-{index:05d}.parquet")
+        staged = posixpath.join(self.partition, f".seedance-staging-{self.run_id}-{index:05d}.parquet")
+        self.journal.add_publish(staged, final)
+        self.outputs.append({"staged": staged, "final": final})
+        if self.dictionary is None:
+            self.dictionary = _dictionary_columns(sample, self.settings.dictionary_max_cardinality)
+        compression = None if self.settings.compression == "none" else self.settings.compression
+        self.sink = self.root.fs.open_output_stream(self.root.join(staged))
+        self.writer = pq.ParquetWriter(
+            self.sink,
+            self.schema,
+            compression=compression,
+            compression_level=self.settings.compression_level,
+            use_dictionary=self.dictionary,
+            write_statistics=True,
+        )
+
+    def _flush(self) -> None:
+        if not self.pending:
+            return
+        table = pa.concat_tables(self.pending).combine_chunks()
+        uncompressed = self.pending_bytes
+        self.pending, self.pending_bytes = [], 0
+        if self.writer is None:
+            self._open_next(table)
+        before = self.sink.tell()
+        self.writer.write_table(table, row_group_size=table.num_rows)
+        written = self.sink.tell() - before
+        if uncompressed:
+            self.ratio = max(written / uncompressed, 1e-3)
+        if self.sink.tell() >= self.settings.target_file_size * 0.97:
+            self._close_current()
+
+    def _close_current(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            self.sink.close()
+            self.writer = self.sink = None
+
+    def close(self) -> list[dict]:
+        self._flush()
+        self._close_current()
+        return self.outputs
+
+    def abort(self) -> None:
+        try:
+            self._close_current()
+        except _READ_ERRORS:
+            self.writer = self.sink = None
+
+
+def _verify(root: Location, outputs: list[dict], rows: int, schema: pa.Schema) -> tuple[int, int]:
+    """Check the staged files hold exactly `rows` rows with `schema`; returns (rows, bytes)."""
+    seen_rows, seen_bytes = 0, 0
+    for output in outputs:
+        path = root.join(output["staged"])
+        metadata = pq.read_metadata(root.fs.open_input_file(path))
+        written_schema = metadata.schema.to_arrow_schema().remove_metadata()
+        if not written_schema.equals(schema, check_metadata=False):
+            raise IntegrityError(f"{root.uri_of(path)} was written with schema {written_schema}, expected {schema}")
+        seen_rows += metadata.num_rows
+        seen_bytes += root.fs.get_file_info(path).size or 0
+    if seen_rows != rows:
+        raise IntegrityError(f"compacted files hold {seen_rows} rows, their sources {rows}; nothing was published")
+    return seen_rows, seen_bytes
+
+
+def compact_partition(root: Location, plan: PartitionPlan, run_id: str, index: int,
+                      settings: CompactionSettings) -> PartitionResult:
+    """Compact one partition: write hidden, verify, publish, retire the sources to the trash.
+
+    Unreadable sources are quarantined and the partition retried without them; a schema conflict
+    skips the partition with the reason. Returns what was done.
+    """
+    sources = list(plan.files)
+    quarantined: list[dict] = []
+    for attempt in range(len(sources) + 1):
+        opened: list[tuple[SourceFile, pq.ParquetFile]] = []
+        journal_id = f"{run_id}-p{index:05d}" + (f"-r{attempt}" if attempt else "")
+        try:
+            result = _attempt(root, plan, run_id, journal_id, settings, sources, opened, quarantined)
+        except BadSourceFile as bad:
+            quarantined.append(_quarantine(root, bad, run_id))
+            sources = [source for source in sources if source.path != bad.source.path]
+            continue
+        finally:
+            for _, parquet in opened:
+                parquet.close()
+        return result
+    raise AssertionError("unreachable: every retry removes one source")
+
+
+def _attempt(root: Location, plan: PartitionPlan, run_id: str, journal_id: str, settings: CompactionSettings,
+             sources: list[SourceFile], opened: list, quarantined: list[dict]) -> PartitionResult:
+    """One try at a partition; raises BadSourceFile (after rolling back) if a source breaks mid-read."""
+    partition_label = plan.partition or "."
+    for source in list(sources):
+        try:
+            opened.append((source, _open(root, source)))
+        except BadSourceFile as bad:
+            quarantined.append(_quarantine(root, bad, run_id))
+            sources.remove(source)
+    if len(opened) < 2:
+        return PartitionResult(partition_label, "skipped", "fewer than 2 readable small files",
+                               quarantined=quarantined)
+    try:
+        schema = unify([(source.path, parquet.schema_arrow) for source, parquet in opened])
+    except SchemaConflict as conflict:
+        return PartitionResult(partition_label, "skipped", str(conflict), quarantined=quarantined)
+    rows = sum(parquet.metadata.num_rows for _, parquet in opened)
+    journal = Journal.begin(root, journal_id, JOURNAL_KIND, [], [source.path for source in sources],
+                            meta={"partition": plan.partition}, trash_id=run_id)
+    writer = _RollingWriter(root, journal, plan.partition, run_id, schema, settings)
+    try:
+        for table in _prefetched(_row_groups(root, opened, schema)):
+            writer.write(table)
+        outputs = writer.close()
+        written_rows, written_bytes = _verify(root, outputs, rows, schema)
+    except BaseException:
+        writer.abort()
+        journal.rollback()
+        raise
+    journal.commit()
+    return PartitionResult(
+        partition_label, "compacted",
+        files_before=len(sources), bytes_before=sum(source.size for source in sources),
+        files_after=len(outputs), bytes_after=written_bytes, rows=written_rows,
+        outputs=[output["final"] for output in outputs], quarantined=quarantined,
+    )
+
+
+def _quarantine(root: Location, bad: BadSourceFile, run_id: str) -> dict:
+    target = storage.quarantine(root, bad.source.path, run_id, bad.reason)
+    return {"file": bad.source.path, "reason": bad.reason, "moved_to": root.uri_of(target)}

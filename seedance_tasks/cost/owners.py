@@ -1,0 +1,224 @@
+"""The owners file: tag keys that name an owner, effective-dated CMDB rules, shared costs,
+budgets and approvals. Only `owner_tags` is required.
+
+```yaml
+owner_tags: [owner, team]          # first key present wins; a disagreement is recorded
+rules:                             # tried in order on lines no tag attributed
+  - {id: research-acct, owner: research, match: {sub_account: "4388*"}, valid_from: 2024-01-01}
+shared:                            # split a matched cost among owners by usage weights
+  - {id: kafka, match: {resource_name: "kafka-*"}, method: usage_share,
+     usage: usage/kafka-{month}.csv, weights: {partitions: "0.5", bytes: "0.5"}}
+budgets: {research: {amount: "1000", currency: USD}}
+approvals: [{owner: research, from_month: 2024-09, to_month: 2024-12, up_to: "1500", currency: USD}]
+```
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import re
+from datetime import UTC, date, datetime
+from decimal import Decimal
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import Field, ValidationError, field_validator, model_validator
+
+from seedance_tasks.config import StrictModel
+from seedance_tasks.errors import ConfigError
+
+MONTH_RE = r"^\d{4}-(0[1-9]|1[0-2])$"
+
+
+def norm_key(key: str) -> str:
+    """A tag key as compared: surrounding spaces dropped, case folded."""
+    return key.strip().casefold()
+
+
+def glob_regex(pattern: str) -> str:
+    """A shell-style pattern (`*`, `?`) as an anchored RE2/Python regex."""
+    parts = []
+    for char in pattern:
+        parts.append(".*" if char == "*" else "." if char == "?" else re.escape(char))
+    return "^" + "".join(parts) + "$"
+
+
+class Match(StrictModel):
+    """What a rule matches; every given condition must hold. Patterns are shell globs."""
+
+    account: str | None = Field(None, description="BillingAccountId glob")
+    sub_account: str | None = Field(None, description="SubAccountId glob")
+    resource_id: str | None = Field(None, description="ResourceId glob")
+    resource_name: str | None = Field(None, description="ResourceName glob")
+    service: str | None = Field(None, description="ServiceName glob")
+    tag: dict[str, str] | None = Field(None, description="tag key (case-insensitive) -> exact value")
+
+    @model_validator(mode="after")
+    def _not_empty(self):
+        if not any(value is not None for value in self.model_dump().values()):
+            raise ValueError("a match needs at least one condition")
+        return self
+
+
+class Rule(StrictModel):
+    id: str
+    owner: str
+    match: Match
+    valid_from: date | None = Field(None, description="first day the rule applies (inclusive)")
+    valid_to: date | None = Field(None, description="day the rule stops applying (exclusive)")
+
+
+class Recency(StrictModel):
+    max_age_days: int | None = Field(None, description="last access at most this many days before month end")
+    weight: Decimal
+
+
+class SharedRule(StrictModel):
+    id: str
+    match: Match
+    method: Literal["usage_share", "storage_recency"]
+    usage: str = Field(..., description="CSV with an `owner` column; `{month}` is replaced; relative to the owners file")
+    weights: dict[str, Decimal] | None = Field(
+        None, description="usage_share: column -> coefficient (summing to 1), e.g. partitions 0.5, bytes 0.5"
+    )
+    recency: list[Recency] | None = Field(
+        None, description="storage_recency: weight of GB-months by days since last access, first fitting band"
+    )
+    valid_from: date | None = None
+    valid_to: date | None = None
+
+    @model_validator(mode="after")
+    def _method_args(self):
+        if self.method == "usage_share":
+            if not self.weights or sum(self.weights.values()) != 1 or any(v < 0 for v in self.weights.values()):
+                raise ValueError(f"shared rule {self.id}: weights must be non-negative and sum to 1")
+        elif not self.recency:
+            raise ValueError(f"shared rule {self.id}: storage_recency needs recency bands")
+        return self
+
+
+class Budget(StrictModel):
+    amount: Decimal
+    currency: str = "USD"
+
+
+class Approval(StrictModel):
+    owner: str
+    from_month: str = Field(..., pattern=MONTH_RE)
+    to_month: str = Field(..., pattern=MONTH_RE, description="inclusive")
+    up_to: Decimal = Field(..., description="spend the approval covers, in `currency`")
+    currency: str = "USD"
+
+    @field_validator("from_month", "to_month", mode="before")
+    @classmethod
+    def _month_text(cls, value):
+        return value.strftime("%Y-%m") if isinstance(value, date) else value
+
+
+class OwnersFile(StrictModel):
+    owner_tags: list[str] = Field(..., min_length=1)
+    rules: list[Rule] = Field(default_factory=list)
+    shared: list[SharedRule] = Field(default_factory=list)
+    budgets: dict[str, Budget] = Field(default_factory=dict)
+    approvals: list[Approval] = Field(default_factory=list)
+    base_dir: str = Field("", exclude=True, description="directory of the file, for relative usage paths")
+
+    @property
+    def keys(self) -> list[str]:
+        return [norm_key(key) for key in self.owner_tags]
+
+
+def load_owners(uri: str) -> OwnersFile:
+    """Parse and validate an owners file (local path, file:// or s3://); ConfigError names the key."""
+    from seedance_tasks import storage
+
+    location = storage.resolve(uri)
+    try:
+        text = storage.read_bytes(location.fs, location.path).decode()
+    except (FileNotFoundError, OSError) as exc:
+        raise ConfigError(f"owners file not readable: {uri} ({exc})", hint="pass --owners FILE") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"owners file {uri} is not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"owners file {uri} must be a mapping with at least `owner_tags`")
+    try:
+        owners = OwnersFile.model_validate(data)
+    except ValidationError as exc:
+        problems = []
+        for item in exc.errors():
+            key = ".".join(str(part) for part in item["loc"])
+            problems.append(f"unknown key '{key}'" if item["type"] == "extra_forbidden" else f"'{key}': {item['msg']}")
+        raise ConfigError(
+            f"invalid owners file {uri}: " + "; ".join(problems), hint="see config/owners.yaml for every key"
+        ) from None
+    owners.base_dir = location.uri_of(posixpath.dirname(location.path))
+    return owners
+
+
+def parse_tags(text: str | None) -> dict[str, str] | None:
+    """Tags of a billing line: a JSON object (FOCUS), or one without braces (Azure EA); None if absent.
+
+    Raises ValueError for text that is neither.
+    """
+    if text is None or not text.strip():
+        return None
+    body = text.strip()
+    try:
+        value = json.loads(body if body.startswith("{") else "{" + body + "}")
+    except json.JSONDecodeError:
+        raise ValueError(f"tags are not a JSON object: {text[:80]!r}") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"tags are not a JSON object: {text[:80]!r}")
+    return {str(key): "" if item is None else str(item) for key, item in value.items()}
+
+
+def tag_owner(tags: dict[str, str] | None, keys: list[str]) -> tuple[str | None, str | None, str | None]:
+    """(owner, the tag key that named it, conflict) for one line's tags.
+
+    Keys compare case-insensitively without surrounding spaces; empty values count as absent. The
+    first of `keys` present wins; when present keys (or two spellings of one key) disagree, the
+    conflict is returned as a JSON object {key: [values]} sorted, else None.
+    """
+    if not tags:
+        return None, None, None
+    found: dict[str, list[str]] = {}
+    for raw_key, raw_value in tags.items():
+        key = norm_key(raw_key)
+        value = raw_value.strip()
+        if key in keys and value:
+            values = found.setdefault(key, [])
+            if value not in values:
+                values.append(value)
+    if not found:
+        return None, None, None
+    first = next(key for key in keys if key in found)
+    owner = sorted(found[first])[0]
+    distinct = {value for values in found.values() for value in values}
+    conflict = None
+    if len(distinct) > 1:
+        conflict = json.dumps({key: sorted(values) for key, values in sorted(found.items())}, sort_keys=True)
+    return owner, first, conflict
+
+
+def tag_matches(tags: dict[str, str] | None, wanted: dict[str, str]) -> bool:
+    """True if every `wanted` key (compared like owner keys) is present with exactly that value."""
+    if not tags:
+        return False
+    normalised = {norm_key(key): value.strip() for key, value in tags.items()}
+    return all(normalised.get(norm_key(key)) == value for key, value in wanted.items())
+
+
+def as_utc(day: date | None) -> datetime | None:
+    return None if day is None else datetime(day.year, day.month, day.day, tzinfo=UTC)
+
+
+def usage_path(owners: OwnersFile, template: str, month: str) -> str:
+    """Where a shared rule's usage file for `month` is: absolute/URI as is, else beside the owners file."""
+    name = template.replace("{month}", month)
+    if "://" in name or name.startswith("/") or not owners.base_dir:
+        return name
+    return f"{owners.base_dir}/{name}" if owners.base_dir.startswith("s3://") else str(Path(owners.base_dir) / name)

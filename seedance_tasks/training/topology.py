@@ -1,0 +1,324 @@
+"""`nvidia-smi topo -m` output parsed into GPUs, NICs, link types, CPU and NUMA affinity.
+
+The matrix comes in many shapes: tab-separated (empty cells possible, e.g. an empty CPU
+affinity) or space-aligned (tabs expanded), old NIC headers (`mlx5_0`) or new ones (`NIC0` plus a
+"NIC Legend" mapping them to `mlx5_0`), `N/A` NUMA cells, an extra `GPU NUMA ID` column, and the
+`topo -mp` variant (PCIe paths only: NVLinks are not shown). A file may hold several matrices
+(several machines); `parse_topologies` returns each. Nothing here runs `nvidia-smi` except
+`detect`.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+from typing import Any
+
+from seedance_tasks.errors import InputError, UsageError
+
+# Link types nvidia-smi prints, best first; `SOC` is the pre-2017 name of `SYS`.
+LINK_ORDER = ["X", "NV", "PIX", "PXB", "PHB", "NODE", "SYS"]
+_LINK_RE = re.compile(r"^(X|NV\d+|NVB|PIX|PXB|PHB|NODE|SYS|SOC)$")
+_DEVICE_RE = re.compile(r"^(GPU\d+|NIC\d+|mlx\d+_\d+|[A-Za-z][\w.-]*\d)$")
+_LEGEND_RE = re.compile(r"^\s*(NIC\d+)\s*:\s*(\S+)\s*$")
+_TRAILING_COLUMNS = ("CPU Affinity", "NUMA Affinity", "GPU NUMA ID")
+
+
+def link_rank(link: str) -> int:
+    """Distance order of a link type (0 = self, 1 = NVLink, ... 6 = across NUMA nodes); lower is closer."""
+    if link == "X":
+        return 0
+    if link.startswith("NV"):
+        return 1
+    if link == "SOC":
+        link = "SYS"
+    return LINK_ORDER.index(link) if link in LINK_ORDER else len(LINK_ORDER)
+
+
+def parse_cpu_list(text: str) -> list[int] | None:
+    """`0-19,40-59` -> [0..19, 40..59]; empty or `N/A` -> None."""
+    text = text.strip()
+    if not text or text.upper() == "N/A":
+        return None
+    cpus: list[int] = []
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        if "-" in part:
+            low, high = part.split("-", 1)
+            cpus.extend(range(int(low), int(high) + 1))
+        else:
+            cpus.append(int(part))
+    return cpus
+
+
+def format_cpu_list(cpus: list[int] | None) -> str:
+    """[0, 1, 2, 5] -> `0-2,5` (the inverse of parse_cpu_list)."""
+    if not cpus:
+        return ""
+    ordered = sorted(set(cpus))
+    ranges, start, prev = [], ordered[0], ordered[0]
+    for cpu in ordered[1:] + [None]:  # type: ignore[list-item]
+        if cpu is not None and cpu == prev + 1:
+            prev = cpu
+            continue
+        ranges.append(f"{start}-{prev}" if prev != start else str(start))
+        if cpu is not None:
+            start = prev = cpu
+    return ",".join(ranges)
+
+
+def _numa(text: str | None) -> int | None:
+    if text is None:
+        return None
+    text = text.strip()
+    if not text or text.upper() == "N/A":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        return None
+
+
+@dataclass
+class Topology:
+    """One machine: GPUs and NICs (NICs under their real names, e.g. `mlx5_0`), links, affinity.
+
+    `links[a][b]` is the link type as printed (`NV12`, `PIX`, `SYS`, `X` on the diagonal).
+    `pcie_only_view` is True for `topo -mp` output, where NVLinks are not shown.
+    """
+
+    gpus: list[str]
+    nics: list[str]
+    links: dict[str, dict[str, str]]
+    cpu_affinity: dict[str, list[int] | None]
+    numa: dict[str, int | None]
+    gpu_numa_id: dict[str, int | None] = field(default_factory=dict)
+    nic_legend: dict[str, str] = field(default_factory=dict)
+    pcie_only_view: bool = False
+
+    def link(self, a: str, b: str) -> str:
+        return self.links.get(a, {}).get(b, "")
+
+    @property
+    def nvlink_all_pairs(self) -> bool:
+        """True when every GPU pair is joined by NVLink (NVSwitch or full mesh)."""
+        pairs = [(a, b) for a in self.gpus for b in self.gpus if a != b]
+        return bool(pairs) and all(self.link(a, b).startswith("NV") for a, b in pairs)
+
+    @property
+    def numa_nodes(self) -> list[int]:
+        return sorted({node for node in self.numa.values() if node is not None})
+
+    def gpu_link_types(self) -> list[str]:
+        """The distinct GPU-GPU link types, best first."""
+        kinds = {self.link(a, b) for a in self.gpus for b in self.gpus if a != b}
+        return sorted(kinds, key=lambda kind: (link_rank(kind), kind))
+
+    def nic_distance(self, gpu: str, nic: str) -> int:
+        return link_rank(self.link(gpu, nic) or self.link(nic, gpu) or "SYS")
+
+    def nearest_nics(self, gpu: str) -> list[str]:
+        """The NICs at the shortest PCIe distance from `gpu` (all of them on a tie)."""
+        if not self.nics:
+            return []
+        best = min(self.nic_distance(gpu, nic) for nic in self.nics)
+        return [nic for nic in self.nics if self.nic_distance(gpu, nic) == best]
+
+    def compute_nics(self) -> list[str]:
+        """NICs close to at least one GPU (PIX/PXB/PHB/NODE); NICs only reachable across the
+        CPU interconnect from every GPU (storage/management ports on DGX machines) are left out,
+        unless that leaves none."""
+        close = [
+            nic for nic in self.nics
+            if any(self.nic_distance(gpu, nic) < link_rank("SYS") for gpu in self.gpus)
+        ]
+        return close or list(self.nics)
+
+    def cpus_of(self, gpu: str) -> list[int] | None:
+        """CPU affinity of `gpu`; when its cell is empty, that of another GPU on the same NUMA node."""
+        cpus = self.cpu_affinity.get(gpu)
+        if cpus:
+            return cpus
+        node = self.numa.get(gpu)
+        if node is None:
+            return None
+        for other in self.gpus:
+            if other != gpu and self.numa.get(other) == node and self.cpu_affinity.get(other):
+                return self.cpu_affinity[other]
+        return None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "gpus": list(self.gpus),
+            "nics": list(self.nics),
+            "links": {a: dict(row) for a, row in self.links.items()},
+            "numa": dict(self.numa),
+            "cpu_affinity": {gpu: format_cpu_list(cpus) or None for gpu, cpus in self.cpu_affinity.items()},
+            "gpu_numa_id": dict(self.gpu_numa_id),
+            "nic_legend": dict(self.nic_legend),
+            "pcie_only_view": self.pcie_only_view,
+        }
+
+
+def _is_header(line: str) -> bool:
+    stripped = line.strip()
+    return bool(stripped) and line[0] in " \t" and stripped.split()[0] == "GPU0"
+
+
+def _header_columns(line: str) -> list[str]:
+    if "\t" in line:
+        return [cell.strip() for cell in line.split("\t") if cell.strip()]
+    return [cell for cell in re.split(r"\s{2,}", line.strip()) if cell]
+
+
+def _row_cells(line: str) -> list[str]:
+    if "\t" in line:
+        return [cell.strip() for cell in line.rstrip("\n").split("\t")]
+    return line.split()
+
+
+@dataclass
+class _Matrix:
+    columns: list[str]
+    rows: list[tuple[int, list[str]]] = field(default_factory=list)  # (line number, cells)
+    tabbed: bool = False
+    legend: dict[str, str] = field(default_factory=dict)
+    legend_has_nvlink: bool | None = None
+
+
+def _split_matrices(text: str, source: str) -> list[_Matrix]:
+    matrices: list[_Matrix] = []
+    current: _Matrix | None = None
+    in_legend = in_nic_legend = False
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = raw.rstrip("\r")
+        stripped = line.strip()
+        if stripped.startswith(("#", "$")):
+            continue
+        if _is_header(line):
+            current = _Matrix(_header_columns(line), tabbed="\t" in line)
+            matrices.append(current)
+            in_legend = in_nic_legend = False
+            continue
+        if current is None or not stripped:
+            continue
+        if stripped == "Legend:":
+            in_legend, in_nic_legend = True, False
+            current.legend_has_nvlink = False
+            continue
+        if stripped == "NIC Legend:":
+            in_legend, in_nic_legend = False, True
+            continue
+        if in_nic_legend:
+            match = _LEGEND_RE.match(line)
+            if match:
+                current.legend[match.group(1)] = match.group(2)
+            continue
+        if in_legend:
+            if stripped.startswith("NV#"):
+                current.legend_has_nvlink = True
+            continue
+        label = stripped.split()[0]
+        if line[0] not in " \t" and _DEVICE_RE.match(label):
+            current.rows.append((number, _row_cells(line)))
+        else:
+            raise InputError(
+                f"{source}:{number}: not a row of an `nvidia-smi topo -m` matrix: {stripped[:60]!r}",
+                hint="pass the output of `nvidia-smi topo -m` as printed",
+            )
+    return matrices
+
+
+def _build(matrix: _Matrix, source: str) -> Topology:
+    devices = [col for col in matrix.columns if col not in _TRAILING_COLUMNS]
+    extra = [col for col in matrix.columns if col in _TRAILING_COLUMNS]
+    legend = dict(matrix.legend)
+
+    def name(device: str) -> str:
+        return legend.get(device, device)
+
+    gpus = [device for device in devices if device.startswith("GPU")]
+    nics = [name(device) for device in devices if not device.startswith("GPU")]
+    links: dict[str, dict[str, str]] = {}
+    cpu_affinity: dict[str, list[int] | None] = {}
+    numa: dict[str, int | None] = {}
+    gpu_numa_id: dict[str, int | None] = {}
+    for number, cells in matrix.rows:
+        label, values = cells[0], cells[1:]
+        if label not in devices:
+            raise InputError(f"{source}:{number}: row {label!r} has no column in the header {devices}")
+        link_cells = values[: len(devices)]
+        if len(link_cells) < len(devices):
+            raise InputError(
+                f"{source}:{number}: row {label} has {len(link_cells)} link cells, the header {len(devices)}",
+                hint="the matrix looks truncated",
+            )
+        row: dict[str, str] = {}
+        for device, cell in zip(devices, link_cells, strict=True):
+            cell = cell.strip()
+            if not _LINK_RE.match(cell):
+                raise InputError(
+                    f"{source}:{number}: unknown link type {cell!r} between {label} and {device}",
+                    hint="expected X, NV#, PIX, PXB, PHB, NODE or SYS",
+                )
+            row[name(device)] = "SYS" if cell == "SOC" else cell
+        links[name(label)] = row
+        if not label.startswith("GPU"):
+            continue
+        rest = values[len(devices):]
+        trailing: dict[str, str] = {}
+        if matrix.tabbed and rest:
+            # tab mode keeps empty cells: the first is CPU Affinity (may be empty); nvidia-smi pads
+            # with extra tabs before later columns, so those take the remaining non-empty cells
+            trailing[extra[0]] = rest[0] if extra else ""
+            later = [cell for cell in rest[1:] if cell.strip()]
+            trailing.update(zip(extra[1:], later, strict=False))
+        else:
+            trailing.update(zip(extra, rest, strict=False))
+        cpu_affinity[label] = parse_cpu_list(trailing.get("CPU Affinity", ""))
+        numa[label] = _numa(trailing.get("NUMA Affinity"))
+        if "GPU NUMA ID" in extra:
+            gpu_numa_id[label] = _numa(trailing.get("GPU NUMA ID"))
+    missing = [gpu for gpu in gpus if gpu not in links]
+    if missing:
+        raise InputError(f"{source}: GPU(s) {missing} are in the header but have no row")
+    has_nvlink = any(cell.startswith("NV") for row in links.values() for cell in row.values())
+    pcie_only = matrix.legend_has_nvlink is False and not has_nvlink and len(gpus) > 1
+    return Topology(gpus, nics, links, cpu_affinity, numa, gpu_numa_id, legend, pcie_only)
+
+
+def parse_topologies(text: str, source: str = "<topology>") -> list[Topology]:
+    """Every `nvidia-smi topo -m` matrix in `text`, in order; InputError naming the line if malformed."""
+    matrices = _split_matrices(text, source)
+    if not matrices:
+        raise InputError(
+            f"{source}: no `nvidia-smi topo -m` matrix found (no header line starting with GPU0)",
+            hint="save the output of `nvidia-smi topo -m` to a file and pass it with --topology",
+        )
+    return [_build(matrix, source) for matrix in matrices]
+
+
+def parse_topology(text: str, source: str = "<topology>", index: int = 0) -> Topology:
+    """The `index`-th matrix in `text` (most files hold one)."""
+    found = parse_topologies(text, source)
+    if not 0 <= index < len(found):
+        raise UsageError(f"{source} holds {len(found)} topology matrices; there is no #{index}")
+    return found[index]
+
+
+def detect(timeout_s: float = 30) -> Topology:
+    """This machine's topology, from `nvidia-smi topo -m`; UsageError where there is no nvidia-smi."""
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        raise UsageError(
+            "--detect needs nvidia-smi, which is not on this machine's PATH",
+            hint="run on a GPU machine, or pass a saved `nvidia-smi topo -m` with --topology",
+        )
+    done = subprocess.run([exe, "topo", "-m"], capture_output=True, text=True, timeout=timeout_s, check=False)
+    if done.returncode != 0:
+        raise UsageError(f"nvidia-smi topo -m failed ({done.returncode}): {done.stderr.strip()[:300]}")
+    return parse_topology(done.stdout, "nvidia-smi topo -m")
