@@ -1,1 +1,73 @@
-"""checkpoint pipeline."""
+"""Checkpoint store: delta + byte-grouped compression between consecutive checkpoints, bit-exact restore.
+
+The Python API for training code (light to import; torch and the codecs load on first use):
+
+    from seedance_tasks import checkpoint
+    checkpoint.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step},
+                    "s3://bucket/ckpts", "run-42", step)
+    state = checkpoint.load("s3://bucket/ckpts", "run-42")          # latest committed step
+    checkpoint.latest_step("s3://bucket/ckpts", "run-42")           # -> int | None
+
+Store layout and manifest format: `seedance_tasks/checkpoint/store.py`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["save", "load", "latest_step", "load_tensor"]
+
+
+def _settings(**overrides: Any):
+    from seedance_tasks.config import load_settings, settings_with
+
+    return settings_with(load_settings(), "checkpoint", **overrides)
+
+
+def save(state: Any, store: str, run: str, step: int, **options: Any) -> dict:
+    """Store `state` (a tree of dicts/lists/tuples of tensors and Python scalars) as `run`/`step`.
+
+    Returns a summary: raw_bytes, stored_bytes, ratio, kind (full/delta), base, depth, mb_per_s.
+    Options: codec (auto|zstd|lz4|bgzstd|delta), keyframe_every, lossy ("bf16"), metrics (dict,
+    e.g. {"val_loss": 1.9}, for retention), tags, and any `checkpoint:` setting (zstd_level,
+    chunk_size, workers, cache_base...). The manifest is written last: a crash leaves the whole
+    checkpoint or none. The last saved state's bytes stay in memory (cache_base) so the next
+    save deltas against it without reading the store. Saving a committed step again is refused.
+    """
+    from seedance_tasks.checkpoint.store import save_state
+
+    per_call = {key: options.pop(key) for key in ("codec", "keyframe_every", "lossy", "metrics", "tags", "source")
+                if key in options}
+    return save_state(state, str(store), run, step, settings=_settings(**options), **per_call)
+
+
+def load(store: str, run: str, step: int | None = None) -> Any:
+    """The state saved as `run`/`step` (None: the latest committed step), bit-exact, sha256-verified.
+
+    Raises IntegrityError naming the tensor and file on any damage or missing base. Tensors of
+    a lossy (bf16) checkpoint come back in their original dtype at bf16 precision (logged).
+    """
+    from seedance_tasks.checkpoint.store import load_state
+
+    state, _manifest = load_state(str(store), run, step, workers=_settings().workers)
+    return state
+
+
+def load_tensor(store: str, run: str, step: int | None, name: str):
+    """One tensor of a checkpoint (by its manifest name), reading only that tensor's chunks."""
+    from seedance_tasks.checkpoint.store import load_state
+
+    _state, manifest = load_state(str(store), run, step, names=[name])
+    index = next(i for i, entry in enumerate(manifest["tensors"]) if entry["name"] == name)
+    from seedance_tasks.checkpoint.tree import flatten
+
+    return flatten(_state)[1][0][1] if index is not None else None
+
+
+def latest_step(store: str, run: str) -> int | None:
+    """The latest committed step of `run` in `store`, or None if it has none."""
+    from seedance_tasks import storage
+    from seedance_tasks.checkpoint.store import committed_steps
+
+    steps = committed_steps(storage.resolve(str(store)), run)
+    return steps[-1] if steps else None

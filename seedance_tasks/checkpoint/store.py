@@ -652,3 +652,53 @@ def verify(store_uri: str, run: str, step: int, *, workers: int = 0) -> dict:
     _decode_tensors(chain, list(chain.tensors), workers)
     return {"run": run, "step": step, "ok": True, "tensors": len(chain.tensors),
             "seconds": round(time.perf_counter() - started, 3)}
+
+
+def list_checkpoints(store_uri: str, run: str | None = None) -> list[dict]:
+    """One row per committed checkpoint: run, step, kind, base, depth, sizes, ratio, tiers, age, lossy."""
+    store = storage.resolve(store_uri)
+    now = datetime.now(UTC)
+    rows = []
+    for name in [run] if run else runs(store):
+        for step in committed_steps(store, name):
+            manifest = read_manifest(store, name, step)
+            created = datetime.fromisoformat(manifest["created_at"])
+            stats = manifest["stats"]
+            rows.append(
+                {
+                    "run": name,
+                    "step": step,
+                    "kind": manifest["kind"],
+                    "base": manifest["base"]["step"] if manifest.get("base") else None,
+                    "depth": manifest.get("depth", 0),
+                    "raw_bytes": stats["raw_bytes"],
+                    "stored_bytes": stats["stored_bytes"],
+                    "ratio": round(stats["ratio"], 4) if stats["ratio"] else None,
+                    "tier": ",".join(sorted({f.get("tier", "hot") for f in manifest["files"].values()})),
+                    "age_s": round((now - created).total_seconds(), 1),
+                    "created_at": manifest["created_at"],
+                    "lossy": manifest.get("lossy"),
+                    "metrics": manifest.get("metrics", {}),
+                    "tags": manifest.get("tags", []),
+                }
+            )
+    return rows
+
+
+def verify_run(store_uri: str, run: str, step: int | None = None, *, workers: int = 0) -> dict:
+    """Verify one step or every committed step of `run`; returns {checked, damaged: [{step, error}]}.
+
+    Never raises for damage: the caller decides (the CLI exits non-zero when `damaged` is not empty).
+    """
+    store = storage.resolve(store_uri)
+    steps = [int(step)] if step is not None else committed_steps(store, _check_name(run))
+    if not steps:
+        raise IntegrityError(f"no committed checkpoint of run {run!r} in {store.uri}")
+    damaged, checked = [], []
+    for item in steps:
+        try:
+            verify(store_uri, run, item, workers=workers)
+            checked.append(item)
+        except IntegrityError as exc:
+            damaged.append({"step": item, "error": exc.message})
+    return {"store": store.uri, "run": run, "checked": checked, "damaged": damaged, "ok": not damaged}

@@ -59,7 +59,9 @@ def make_sample_lake(
             path = root.join(partition, f"part-{f:05d}.parquet")
             root.fs.create_dir(posixpath.dirname(path), recursive=True)
             with root.fs.open_output_stream(path) as sink:
-                pq.write_table(table, sink, compression="snappy", row_group_size=max(rows_per_file // 2, 1))
+                pq.write_table(
+                    table, sink, compression="snappy", row_group_size=max(rows_per_file // 2, 1), write_page_checksum=True
+                )
             if not root.is_s3:
                 mtime = os.path.getmtime(path) - age_s
                 os.utime(path, (mtime, mtime))

@@ -58,7 +58,7 @@ class PartitionResult:
 def _open(root: Location, source: SourceFile) -> pq.ParquetFile:
     try:
         handle = root.fs.open_input_file(root.join(source.path))
-        return pq.ParquetFile(handle, pre_buffer=True)
+        return pq.ParquetFile(handle, pre_buffer=True, page_checksum_verification=True)
     except _READ_ERRORS as exc:
         raise BadSourceFile(source, f"not a readable Parquet file ({exc})") from None
 
@@ -177,6 +177,9 @@ class _RollingWriter:
         table = pa.concat_tables(self.pending).combine_chunks()
         uncompressed = self.pending_bytes
         self.pending, self.pending_bytes = [], 0
+        target = self.settings.target_file_size
+        if self.writer is not None and self.sink.tell() + uncompressed * self.ratio > target * 1.02:
+            self._close_current()  # this row group would overfill the file: it starts the next one
         if self.writer is None:
             self._open_next(table)
         before = self.sink.tell()
@@ -184,7 +187,7 @@ class _RollingWriter:
         written = self.sink.tell() - before
         if uncompressed:
             self.ratio = max(written / uncompressed, 1e-3)
-        if self.sink.tell() >= self.settings.target_file_size * 0.97:
+        if self.sink.tell() >= target * 0.97:
             self._close_current()
 
     def _close_current(self) -> None:

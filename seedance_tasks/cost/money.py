@@ -44,7 +44,7 @@ def largest_remainder(total: Decimal, weights: Sequence[Fraction | Decimal | int
     earlier part). Negative totals (credits) split the same way with signs mirrored. Weights must
     be non-negative with a positive sum.
     """
-    exponent = min(quantum.as_tuple().exponent, total.as_tuple().exponent)
+    exponent = min(quantum.as_tuple().exponent, total.normalize().as_tuple().exponent)
     quantum = Decimal(1).scaleb(exponent)
     fractions = [Fraction(weight) for weight in weights]
     weight_sum = sum(fractions, Fraction(0))

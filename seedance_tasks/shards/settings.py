@@ -1,7 +1,20 @@
 """Settings of the shards pipeline (section `shards:` of config/seedance.yaml)."""
 
+from __future__ import annotations
+
+from pydantic import Field
+
 from seedance_tasks.config import StrictModel
+from seedance_tasks.units import ByteSize
 
 
 class ShardSettings(StrictModel):
-    pass
+    shard_size: ByteSize = Field(256 * 1024**2, description="bytes per shard, tar headers included")
+    max_samples: int | None = Field(None, ge=1, description="samples per shard at most; None for no limit")
+    prefix: str = Field("shard", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", description="shard names: PREFIX-000000.tar")
+    key_column: str = Field("__key__", description="Parquet sources: the column holding each sample's key")
+    required_members: list[str] | None = Field(
+        None,
+        description="extensions every sample must have (e.g. [jpg, cls]); None: those at least half the samples have",
+    )
+    mtime: int = Field(0, ge=0, description="mtime written in every tar header (fixed, so rebuilds are identical)")

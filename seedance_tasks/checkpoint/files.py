@@ -1,0 +1,114 @@
+"""Raw checkpoint files in and out: `.pt`/`.pth` (torch, weights only) and `.safetensors`.
+
+Reading never unpickles arbitrary objects: `.pt` goes through `torch.load(weights_only=True)`,
+whose restricted unpickler refuses any global it does not know (e.g. `os.system`) before calling
+it; such a file is refused with RefusedError. Writing goes to a hidden temporary name first and
+is renamed into place only when complete, so a failed restore leaves no output file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from seedance_tasks.errors import InputError, RefusedError, UsageError
+
+PT_SUFFIXES = (".pt", ".pth")
+SAFETENSORS_SUFFIX = ".safetensors"
+TREE_KEY = "seedance.tree"
+
+
+def file_format(path: str | os.PathLike) -> str:
+    """'pt' or 'safetensors' from the file name; UsageError otherwise."""
+    suffix = Path(path).suffix.lower()
+    if suffix in PT_SUFFIXES:
+        return "pt"
+    if suffix == SAFETENSORS_SUFFIX:
+        return "safetensors"
+    raise UsageError(f"{path}: unknown checkpoint format {suffix!r}", hint="use a .pt, .pth or .safetensors file")
+
+
+def read_checkpoint(path: str | os.PathLike) -> Any:
+    """The state tree in a raw checkpoint file, read without running any code from it."""
+    path = Path(path)
+    kind = file_format(path)
+    if not path.is_file():
+        raise InputError(f"checkpoint file {path} does not exist")
+    if kind == "safetensors":
+        return _read_safetensors(path)
+    import torch
+
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        first = str(exc).strip().splitlines()
+        reason = next((line for line in first if "Unsupported" in line or "global" in line.lower()), first[0] if first else "")
+        raise RefusedError(
+            f"{path} needs arbitrary unpickling to load, refused ({reason.strip()})",
+            hint="save checkpoints as plain state_dicts (tensors, dicts, lists, numbers) or as .safetensors",
+        ) from None
+    except (RuntimeError, EOFError, OSError, ValueError) as exc:
+        raise InputError(f"{path} is not a readable torch checkpoint: {exc}") from None
+
+
+def _read_safetensors(path: Path) -> Any:
+    from safetensors import SafetensorError, safe_open
+
+    from seedance_tasks.checkpoint.tree import unflatten
+
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            metadata = handle.metadata() or {}
+            flat = {name: handle.get_tensor(name) for name in handle.keys()}  # noqa: SIM118
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise InputError(f"{path} is not a readable safetensors file: {exc}") from None
+    if TREE_KEY not in metadata:
+        return flat
+    try:
+        tree = json.loads(metadata[TREE_KEY])
+        names = tree["names"]
+        return unflatten(tree["skeleton"], [flat[name] for name in names])
+    except (KeyError, ValueError, TypeError) as exc:
+        raise InputError(f"{path}: its {TREE_KEY} metadata is malformed ({exc})") from None
+
+
+def write_checkpoint(state: Any, path: str | os.PathLike, fmt: str | None = None) -> int:
+    """Write `state` to `path` (.pt via torch.save, or .safetensors with the tree in its metadata).
+
+    Writes a hidden temporary file next to `path` and renames it; nothing is left on failure.
+    Returns the bytes written.
+    """
+    path = Path(path)
+    fmt = fmt or file_format(path)
+    if fmt not in ("pt", "safetensors"):
+        raise UsageError(f"unknown output format {fmt!r}", hint="use pt or safetensors")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(handle)
+    try:
+        if fmt == "pt":
+            import torch
+
+            torch.save(state, temp)
+        else:
+            _write_safetensors(state, temp)
+        os.replace(temp, path)
+    except BaseException:
+        Path(temp).unlink(missing_ok=True)
+        raise
+    return path.stat().st_size
+
+
+def _write_safetensors(state: Any, temp: str) -> None:
+    from safetensors.torch import save_file
+
+    from seedance_tasks.checkpoint.tree import flatten
+
+    skeleton, named = flatten(state)
+    flat = {name: tensor.contiguous() for name, tensor in named}
+    metadata = {TREE_KEY: json.dumps({"skeleton": skeleton, "names": [name for name, _ in named]})}
+    save_file(flat, temp, metadata=metadata)

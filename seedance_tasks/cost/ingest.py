@@ -1,0 +1,471 @@
+"""Billing data in, as one normalised FOCUS line schema: FOCUS CSV/Parquet, AWS CUR 2.0 Parquet,
+and the Cost Explorer API.
+
+Every reader yields `(batch, rejected)` pairs: `batch` holds the valid lines in the `LINES` schema
+(money as decimal128, timestamps in UTC), `rejected` the lines that were not, each as
+`{"file", "row", "column", "reason"}` with `row` the 1-based data row of its file (header
+excluded). A malformed line never stops the run. Memory is bounded by the batch size.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import posixpath
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from decimal import Decimal
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from seedance_tasks import storage
+from seedance_tasks.cost.money import MONEY, SCALE, parse_amount
+from seedance_tasks.errors import InputError, UsageError
+
+TS = pa.timestamp("us", tz="UTC")
+TEXT_COLUMNS = [
+    "BillingAccountId", "SubAccountId", "ResourceId", "ResourceName", "ServiceName", "ChargeCategory", "Tags",
+]
+LINES = pa.schema(
+    [
+        ("x_Row", pa.int64()),
+        ("ChargePeriodStart", TS),
+        ("BillingCurrency", pa.string()),
+        ("BilledCost", MONEY),
+        ("EffectiveCost", MONEY),
+        *[(name, pa.string()) for name in TEXT_COLUMNS],
+        ("x_Estimated", pa.bool_()),
+    ]
+)
+REQUIRED = ["ChargePeriodStart", "BillingCurrency", "BilledCost", "EffectiveCost"]
+READ_COLUMNS = [*REQUIRED, "ChargePeriodEnd", *TEXT_COLUMNS, "x_Estimated"]
+NULL_STRINGS = ["NULL", "null", ""]
+_ZONE = r"([Zz]|[+-]\d\d:?\d\d)$"
+
+Rejected = list[dict[str, Any]]
+
+
+# --------------------------------------------------------------------------- conversions
+
+
+def _money(values: pa.Array) -> tuple[pa.Array, dict[int, str]]:
+    """`values` as MONEY; bad ones become null and are returned as {index: reason}."""
+    if pa.types.is_floating(values.type):  # CUR and some exports: round off binary noise first
+        values = pc.cast(pc.round(values, SCALE), pa.string())
+    if pa.types.is_dictionary(values.type):
+        values = values.dictionary_decode()
+    try:
+        return pc.cast(values, MONEY), {}
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        pass
+    out: list[Decimal | None] = []
+    bad: dict[int, str] = {}
+    for index, item in enumerate(values.to_pylist()):
+        if item is None:
+            out.append(None)
+            continue
+        try:
+            out.append(parse_amount(str(item)))
+        except ValueError as exc:
+            out.append(None)
+            bad[index] = str(exc)
+    return pa.array(out, type=MONEY), bad
+
+
+def _parse_ts(text: str) -> datetime:
+    body = text.strip().replace(" ", "T", 1)
+    if body.endswith(("Z", "z")):
+        body = body[:-1] + "+00:00"
+    value = datetime.fromisoformat(body)
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def _timestamps(values: pa.Array) -> tuple[pa.Array, dict[int, str]]:
+    """`values` as UTC timestamps (`2024-09-18 22:00:00`, `...T...Z`, offsets); bad ones null + reason."""
+    if pa.types.is_timestamp(values.type):
+        if values.type.tz is None:
+            return pc.cast(pc.assume_timezone(values, "UTC"), TS), {}
+        return pc.cast(values, TS), {}
+    if pa.types.is_date(values.type):
+        return pc.cast(pc.cast(values, pa.timestamp("us")), TS), {}
+    if pa.types.is_dictionary(values.type):
+        values = values.dictionary_decode()
+    if not pa.types.is_string(values.type) and not pa.types.is_large_string(values.type):
+        values = pc.cast(values, pa.string())
+    values = pc.utf8_trim_whitespace(values)
+    zoned = pc.if_else(pc.match_substring_regex(values, _ZONE), values, pc.binary_join_element_wise(values, "Z", ""))
+    try:
+        return pc.cast(zoned, TS), {}
+    except pa.ArrowInvalid:
+        pass
+    out: list[datetime | None] = []
+    bad: dict[int, str] = {}
+    for index, item in enumerate(values.to_pylist()):
+        if item is None:
+            out.append(None)
+            continue
+        try:
+            out.append(_parse_ts(item))
+        except ValueError:
+            out.append(None)
+            bad[index] = f"not a timestamp: {item!r}"
+    return pa.array(out, type=TS), bad
+
+
+def _text(values: pa.Array) -> pa.Array:
+    if pa.types.is_dictionary(values.type):
+        values = values.dictionary_decode()
+    return values if values.type == pa.string() else pc.cast(values, pa.string())
+
+
+def normalise(
+    columns: dict[str, pa.Array], first_row: int, source: str, *, default_currency: str | None = None
+) -> tuple[pa.RecordBatch, Rejected]:
+    """One batch of FOCUS-named columns as LINES, and the rows rejected with their reasons.
+
+    A missing or malformed required value (ChargePeriodStart, BillingCurrency, BilledCost,
+    EffectiveCost) or a malformed ChargePeriodEnd rejects the row; the other rows go on.
+    """
+    length = len(next(iter(columns.values()))) if columns else 0
+    reasons: dict[int, tuple[str, str]] = {}
+
+    def note(index: int, column: str, reason: str) -> None:
+        reasons.setdefault(index, (column, reason))
+
+    def note_nulls(array: pa.Array, column: str) -> None:
+        if array.null_count:
+            for index in np.flatnonzero(array.is_null().to_numpy(zero_copy_only=False)):
+                note(int(index), column, f"missing {column}")
+
+    if "BillingCurrency" not in columns:
+        if not default_currency:
+            raise InputError(
+                f"{source}: no BillingCurrency column", hint="set cost.default_currency or pass --currency"
+            )
+        columns = {**columns, "BillingCurrency": pa.array([default_currency] * length, pa.string())}
+    for name in REQUIRED:
+        if name not in columns:
+            raise InputError(f"{source}: no {name} column", hint="a FOCUS file needs " + ", ".join(REQUIRED))
+
+    out: dict[str, pa.Array] = {}
+    start = columns["ChargePeriodStart"]
+    note_nulls(start, "ChargePeriodStart")
+    out["ChargePeriodStart"], bad = _timestamps(start)
+    for index, reason in bad.items():
+        note(index, "ChargePeriodStart", f"malformed ChargePeriodStart: {reason}")
+    currency = pc.utf8_trim_whitespace(_text(columns["BillingCurrency"]))
+    note_nulls(currency, "BillingCurrency")
+    malformed = pc.invert(pc.match_substring_regex(currency, r"^[A-Z]{3}$"))
+    if pc.any(malformed).as_py():
+        for index in np.flatnonzero(malformed.to_numpy(zero_copy_only=False) & ~currency.is_null().to_numpy(zero_copy_only=False)):
+            note(int(index), "BillingCurrency", f"malformed BillingCurrency: {currency[int(index)].as_py()!r}")
+    out["BillingCurrency"] = currency
+    for name in ("BilledCost", "EffectiveCost"):
+        note_nulls(columns[name], name)
+        out[name], bad = _money(columns[name])
+        for index, reason in bad.items():
+            note(index, name, f"malformed {name}: {reason}")
+    if "ChargePeriodEnd" in columns:
+        _, bad = _timestamps(columns["ChargePeriodEnd"])
+        for index, reason in bad.items():
+            note(index, "ChargePeriodEnd", f"malformed ChargePeriodEnd: {reason}")
+    for name in TEXT_COLUMNS:
+        out[name] = _text(columns[name]) if name in columns else pa.nulls(length, pa.string())
+    estimated = columns.get("x_Estimated")
+    out["x_Estimated"] = pc.cast(estimated, pa.bool_()) if estimated is not None else pa.array(np.zeros(length, bool))
+    out["x_Row"] = pa.array(np.arange(first_row, first_row + length, dtype=np.int64))
+
+    batch = pa.RecordBatch.from_arrays([out[field.name] for field in LINES], schema=LINES)
+    rejected: Rejected = []
+    if reasons:
+        keep = np.ones(length, bool)
+        keep[list(reasons)] = False
+        batch = batch.filter(pa.array(keep))
+        starts = out["ChargePeriodStart"]
+        for index in sorted(reasons):
+            column, reason = reasons[index]
+            when = starts[index].as_py()
+            rejected.append(
+                {"file": source, "row": first_row + index, "column": column, "reason": reason,
+                 "month": when.strftime("%Y-%m") if when else None}
+            )
+    return batch, rejected
+
+
+# --------------------------------------------------------------------------- FOCUS files
+
+
+def billing_files(uri: str) -> list[tuple[storage.Location, str]]:
+    """The billing files at `uri`: the file itself, or every visible .csv/.parquet below a folder."""
+    location = storage.resolve(uri)
+    files = [
+        info for info in storage.list_files(location)
+        if info.path.endswith((".csv", ".csv.gz", ".parquet"))
+    ]
+    if not files:
+        raise InputError(f"no billing files (.csv, .csv.gz, .parquet) at {uri}", hint="check --billing")
+    return [(location, info.path) for info in files]
+
+
+def _csv_header(fs, path: str) -> list[str]:
+    with fs.open_input_stream(path, compression="detect") as stream:
+        head = stream.read(1 << 16).decode("utf-8-sig", errors="replace")
+    return [name.strip() for name in next(csv.reader(io.StringIO(head)))]
+
+
+def _csv_batches(fs, path: str, batch_rows: int) -> Iterator[dict[str, pa.Array]]:
+    import pyarrow.csv as pacsv
+
+    header = _csv_header(fs, path)
+    wanted = [name for name in header if name in READ_COLUMNS]
+    stream = fs.open_input_stream(path, compression="detect")
+    reader = pacsv.open_csv(
+        stream,
+        read_options=pacsv.ReadOptions(block_size=8 << 20, column_names=header, skip_rows=1, encoding="utf8"),
+        parse_options=pacsv.ParseOptions(newlines_in_values=True),
+        convert_options=pacsv.ConvertOptions(
+            column_types={name: pa.string() for name in header},
+            null_values=NULL_STRINGS,
+            strings_can_be_null=True,
+            include_columns=wanted,
+        ),
+    )
+    try:
+        pending: list[pa.RecordBatch] = []
+        size = 0
+        for batch in reader:
+            pending.append(batch)
+            size += batch.num_rows
+            if size >= batch_rows:
+                table = pa.Table.from_batches(pending).combine_chunks()
+                yield {name: table.column(name).chunk(0) if table.num_rows else pa.array([], pa.string()) for name in wanted}
+                pending, size = [], 0
+        if pending:
+            table = pa.Table.from_batches(pending).combine_chunks()
+            yield {name: table.column(name).chunk(0) if table.num_rows else pa.array([], pa.string()) for name in wanted}
+    finally:
+        stream.close()
+
+
+def _parquet_batches(fs, path: str, batch_rows: int) -> Iterator[dict[str, pa.Array]]:
+    handle = fs.open_input_file(path)
+    try:
+        parquet = pq.ParquetFile(handle)
+        wanted = [name for name in parquet.schema_arrow.names if name in READ_COLUMNS]
+        for batch in parquet.iter_batches(batch_size=batch_rows, columns=wanted, use_threads=True):
+            yield {name: batch.column(name) for name in wanted}
+    finally:
+        handle.close()
+
+
+def read_focus(
+    uri: str, *, batch_rows: int = 1_000_000, default_currency: str | None = None
+) -> Iterator[tuple[pa.RecordBatch, Rejected]]:
+    """FOCUS lines from a CSV (plain or .gz) or Parquet file, or a folder of them, local or S3."""
+    for location, path in billing_files(uri):
+        source = posixpath.basename(path) if location.path == path else location.relative(path)
+        raw = _parquet_batches if path.endswith(".parquet") else _csv_batches
+        first = 1
+        try:
+            for columns in raw(location.fs, path, batch_rows):
+                if not columns:
+                    raise InputError(f"{source}: none of the FOCUS columns {', '.join(REQUIRED)} found")
+                batch, rejected = normalise(columns, first, source, default_currency=default_currency)
+                first += len(next(iter(columns.values())))
+                yield batch, rejected
+        except (pa.ArrowInvalid, OSError) as exc:
+            raise InputError(f"{source}: unreadable billing file ({exc})", hint="check the file's format") from None
+
+
+# --------------------------------------------------------------------------- AWS CUR 2.0
+
+CUR_COLUMNS = [
+    "line_item_usage_start_date", "line_item_usage_end_date", "line_item_currency_code",
+    "line_item_unblended_cost", "line_item_line_item_type", "line_item_usage_account_id",
+    "bill_payer_account_id", "line_item_resource_id", "line_item_product_code", "product_servicecode",
+    "savings_plan_savings_plan_effective_cost", "savings_plan_total_commitment_to_date",
+    "savings_plan_used_commitment", "reservation_effective_cost",
+    "reservation_unused_amortized_upfront_fee_for_billing_period", "reservation_unused_recurring_fee",
+    "reservation_reservation_a_r_n", "resource_tags",
+]
+_CUR_CATEGORY = {
+    "Usage": "Usage", "DiscountedUsage": "Usage", "SavingsPlanCoveredUsage": "Usage",
+    "SavingsPlanNegation": "Usage", "SavingsPlanRecurringFee": "Purchase", "SavingsPlanUpfrontFee": "Purchase",
+    "RIFee": "Purchase", "Fee": "Purchase", "Tax": "Tax", "Credit": "Credit", "Refund": "Credit",
+    "BundledDiscount": "Credit", "EdpDiscount": "Credit", "PrivateRateDiscount": "Credit",
+}
+
+
+def _dec(value: Any) -> Decimal:
+    """A CUR double as the Decimal it was meant to be (shortest repr, rounded to SCALE)."""
+    if value is None:
+        return Decimal(0)
+    return round(Decimal(repr(value)) if isinstance(value, float) else Decimal(str(value)), SCALE)
+
+
+def cur_amortized(line: dict[str, Any]) -> Decimal | None:
+    """The amortized (effective) cost of one CUR 2.0 line, per AWS's CUR rules; None if unblended is missing.
+
+    SavingsPlanCoveredUsage -> the plan's effective cost; SavingsPlanRecurringFee -> the unused
+    commitment (total commitment to date - used); SavingsPlanNegation and SavingsPlanUpfrontFee
+    -> 0 (the covered usage carries it); DiscountedUsage -> the reservation's effective cost;
+    RIFee -> unused amortized upfront + unused recurring fee; a reservation's upfront Fee -> 0;
+    anything else -> unblended cost.
+    """
+    kind = line.get("line_item_line_item_type")
+    if kind == "SavingsPlanCoveredUsage":
+        return _dec(line.get("savings_plan_savings_plan_effective_cost"))
+    if kind == "SavingsPlanRecurringFee":
+        return _dec(line.get("savings_plan_total_commitment_to_date")) - _dec(line.get("savings_plan_used_commitment"))
+    if kind in ("SavingsPlanNegation", "SavingsPlanUpfrontFee"):
+        return Decimal(0)
+    if kind == "DiscountedUsage":
+        return _dec(line.get("reservation_effective_cost"))
+    if kind == "RIFee":
+        return _dec(line.get("reservation_unused_amortized_upfront_fee_for_billing_period")) + _dec(
+            line.get("reservation_unused_recurring_fee")
+        )
+    if kind == "Fee" and line.get("reservation_reservation_a_r_n"):
+        return Decimal(0)
+    unblended = line.get("line_item_unblended_cost")
+    return None if unblended is None else _dec(unblended)
+
+
+def _cur_tags(value: Any) -> str | None:
+    if not value:
+        return None
+    pairs = value.items() if isinstance(value, dict) else value
+    tags = {(key[5:] if key.startswith("user_") else key): item for key, item in pairs if item is not None}
+    return json.dumps(tags, sort_keys=True) if tags else None
+
+
+def read_cur(uri: str, *, batch_rows: int = 1_000_000) -> Iterator[tuple[pa.RecordBatch, Rejected]]:
+    """AWS CUR 2.0 Parquet lines as FOCUS lines: BilledCost = unblended, EffectiveCost = amortized.
+
+    `resource_tags` (a map; `user_` prefixes dropped) becomes Tags; the usage account is the
+    SubAccountId, the payer the BillingAccountId.
+    """
+    for location, path in billing_files(uri):
+        if not path.endswith(".parquet"):
+            continue
+        source = posixpath.basename(path) if location.path == path else location.relative(path)
+        handle = location.fs.open_input_file(path)
+        try:
+            parquet = pq.ParquetFile(handle)
+            wanted = [name for name in CUR_COLUMNS if name in parquet.schema_arrow.names]
+            first = 1
+            for batch in parquet.iter_batches(batch_size=batch_rows, columns=wanted):
+                lines = batch.to_pylist()
+                billed, effective = [], []
+                for line in lines:
+                    unblended = line.get("line_item_unblended_cost")
+                    billed.append(None if unblended is None else str(_dec(unblended)))
+                    amortized = cur_amortized(line)
+                    effective.append(None if amortized is None else str(amortized))
+                columns = {
+                    "ChargePeriodStart": batch.column("line_item_usage_start_date"),
+                    "BillingCurrency": batch.column("line_item_currency_code"),
+                    "BilledCost": pa.array(billed, pa.string()),
+                    "EffectiveCost": pa.array(effective, pa.string()),
+                    "BillingAccountId": pa.array([line.get("bill_payer_account_id") for line in lines], pa.string()),
+                    "SubAccountId": pa.array([line.get("line_item_usage_account_id") for line in lines], pa.string()),
+                    "ResourceId": pa.array([line.get("line_item_resource_id") or None for line in lines], pa.string()),
+                    "ServiceName": pa.array(
+                        [line.get("product_servicecode") or line.get("line_item_product_code") for line in lines],
+                        pa.string(),
+                    ),
+                    "ChargeCategory": pa.array(
+                        [_CUR_CATEGORY.get(line.get("line_item_line_item_type"), line.get("line_item_line_item_type"))
+                         for line in lines], pa.string(),
+                    ),
+                    "Tags": pa.array([_cur_tags(line.get("resource_tags")) for line in lines], pa.string()),
+                }
+                if "line_item_usage_end_date" in wanted:
+                    columns["ChargePeriodEnd"] = batch.column("line_item_usage_end_date")
+                out, rejected = normalise(columns, first, source)
+                first += batch.num_rows
+                yield out, rejected
+        finally:
+            handle.close()
+
+
+# --------------------------------------------------------------------------- Cost Explorer
+
+
+def month_bounds(month: str) -> tuple[datetime, datetime]:
+    """[first instant, first instant of the next month) of `YYYY-MM`, UTC."""
+    try:
+        start = datetime.strptime(month, "%Y-%m").replace(tzinfo=UTC)
+    except ValueError:
+        raise UsageError(f"not a month: {month!r}", hint="write YYYY-MM, e.g. 2024-09") from None
+    end = start.replace(year=start.year + 1, month=1) if start.month == 12 else start.replace(month=start.month + 1)
+    return start, end
+
+
+def cost_explorer_pages(
+    month: str, *, group_tag: str, cache: storage.Location, client=None, refresh: bool = False,
+    now: datetime | None = None,
+) -> tuple[list[dict], dict[str, Any]]:
+    """GetCostAndUsage pages for `month` (monthly, grouped by tag `group_tag` and SERVICE), cached.
+
+    A closed month already in the cache is never queried again unless `refresh`; an open month
+    is queried each time. Returns (pages, {"pages_queried", "from_cache", "estimated"}).
+    """
+    start, end = month_bounds(month)
+    now = now or datetime.now(UTC)
+    cache_path = cache.join("cost-explorer", f"{month}-{group_tag}.json")
+    closed = end <= now
+    if closed and not refresh and storage.is_file(cache.fs, cache_path):
+        pages = storage.read_json(cache.fs, cache_path)
+        return pages, {"pages_queried": 0, "from_cache": True, "estimated": _estimated(pages)}
+    client = client or storage.boto3_client("ce")
+    request = {
+        "TimePeriod": {"Start": start.strftime("%Y-%m-%d"), "End": end.strftime("%Y-%m-%d")},
+        "Granularity": "MONTHLY",
+        "Metrics": ["AmortizedCost", "UnblendedCost"],
+        "GroupBy": [{"Type": "TAG", "Key": group_tag}, {"Type": "DIMENSION", "Key": "SERVICE"}],
+    }
+    pages, token = [], None
+    while True:
+        response = client.get_cost_and_usage(**request, **({"NextPageToken": token} if token else {}))
+        response.pop("ResponseMetadata", None)
+        pages.append(response)
+        token = response.get("NextPageToken")
+        if not token:
+            break
+    storage.write_json_atomic(cache.fs, cache_path, pages)
+    return pages, {"pages_queried": len(pages), "from_cache": False, "estimated": _estimated(pages)}
+
+
+def _estimated(pages: list[dict]) -> bool:
+    return any(result.get("Estimated") for page in pages for result in page.get("ResultsByTime", []))
+
+
+def read_cost_explorer(pages: list[dict], *, group_tag: str) -> Iterator[tuple[pa.RecordBatch, Rejected]]:
+    """Cost Explorer groups as FOCUS lines: one per (tag value, service); `tag$` (untagged) has no tag."""
+    columns: dict[str, list] = {name: [] for name in REQUIRED + ["ServiceName", "Tags", "x_Estimated"]}
+    for page in pages:
+        for result in page.get("ResultsByTime", []):
+            for group in result.get("Groups", []):
+                keys = group.get("Keys", [])
+                tag_value = keys[0].split("$", 1)[1] if keys and "$" in keys[0] else ""
+                metrics = group.get("Metrics", {})
+                amortized = metrics.get("AmortizedCost", {})
+                unblended = metrics.get("UnblendedCost", {})
+                columns["ChargePeriodStart"].append(result.get("TimePeriod", {}).get("Start"))
+                columns["BillingCurrency"].append(unblended.get("Unit") or amortized.get("Unit"))
+                columns["BilledCost"].append(unblended.get("Amount"))
+                columns["EffectiveCost"].append(amortized.get("Amount"))
+                columns["ServiceName"].append(keys[1] if len(keys) > 1 else None)
+                columns["Tags"].append(json.dumps({group_tag: tag_value}) if tag_value else None)
+                columns["x_Estimated"].append(bool(result.get("Estimated")))
+    arrays = {
+        name: pa.array(values, pa.bool_() if name == "x_Estimated" else pa.string())
+        for name, values in columns.items()
+    }
+    yield normalise(arrays, 1, "cost-explorer")

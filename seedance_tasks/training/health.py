@@ -1,0 +1,304 @@
+"""Job health from logs: NCCL `NCCL_DEBUG=INFO` output, PyTorch watchdog/desync messages and
+nccl-tests `all_reduce_perf` tables, summarised with a verdict (likely cause and fix).
+
+Every parser takes plain text and tolerates the usual prefixes (`host:pid:tid [dev] NCCL INFO`,
+`[rank1]:[E626 ...]`, torchrun's `[default0]:`); lines it does not know are skipped.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from typing import Any
+
+_TIMEOUT_RE = re.compile(
+    r"\[Rank (?P<rank>\d+)\] Watchdog caught collective operation timeout: WorkNCCL\("
+    r"SeqNum=(?P<seq>\d+), OpType=(?P<op>\w+)(?:, NumelIn=(?P<numel>\d+))?.*?Timeout\(ms\)=(?P<timeout>\d+)\)"
+    r" ran for (?P<ran>\d+) milliseconds"
+)
+_WORK_RE = re.compile(
+    r"Rank (?P<rank>\d+)\] Exception .*? at work: (?P<work>\d+), last enqueued NCCL work: (?P<enq>\d+), "
+    r"last completed NCCL work: (?P<done>\d+)"
+)
+_DESYNC_HEAD_RE = re.compile(r"\[(?P<rank>\d+)\] Timeout at collective: (?P<op>\w+), #(?P<seq>\d+)")
+_DESYNC_RANK_RE = re.compile(
+    r"\[(?P<rank>\d+)\] finished collective #(?P<done>\d+), but didn't join collective #(?P<missing>\d+)"
+)
+_CHANNEL_SUMMARY_RE = re.compile(r"NCCL INFO ((?:\d+ [A-Za-z0-9 ]+? channels(?: per peer)?,? ?)+)\s*$")
+_CHANNEL_ITEM_RE = re.compile(r"(\d+) ([A-Za-z0-9 ]+?) channels( per peer)?")
+_RING_HEADER_RE = re.compile(r"NCCL INFO Channel (\d+)/(\d+) :\s+\d")
+_VIA_RE = re.compile(
+    r"NCCL INFO (?:Channel|Ring) (?P<chan>\d+)(?:/\d+)? : (?P<src>\d+)(?:\[[0-9a-f]+\])? -> (?P<dst>\d+)"
+    r"(?:\[[0-9a-f]+\])?(?: \[(?P<dir>send|receive)\])? via (?P<via>.+?)\s*$"
+)
+_ALGO_LINE_RE = re.compile(r"NCCL INFO (Ring|Tree|Trees) \[?\d+")
+_COMM_RE = re.compile(
+    r"NCCL INFO comm 0x[0-9a-f]+ rank (?P<rank>\d+) n[Rr]anks (?P<nranks>\d+)"
+    r"(?: nNodes (?P<nnodes>\d+))?(?: localRanks (?P<local>\d+))?"
+)
+_INIT_DONE_RE = re.compile(r"NCCL INFO comm 0x[0-9a-f]+ rank \d+ nranks \d+ .*Init COMPLETE")
+_WARN_RE = re.compile(r"NCCL WARN (.*)$")
+_NCCL_RE = re.compile(r"NCCL (INFO|WARN)")
+_PERF_ROW_RE = re.compile(
+    r"^\s*(?P<size>\d+)\s+(?P<count>\d+)\s+(?P<type>\w+)\s+(?P<redop>\w+)\s+(?P<root>-?\d+)\s+"
+    r"(?P<t1>[\d.]+)\s+(?P<a1>[\d.]+)\s+(?P<b1>[\d.]+)\s+(?P<w1>\S+)\s+"
+    r"(?P<t2>[\d.]+)\s+(?P<a2>[\d.]+)\s+(?P<b2>[\d.]+)\s+(?P<w2>\S+)\s*$"
+)
+_PERF_ROW_SHORT_RE = re.compile(
+    r"^\s*(?P<size>\d+)\s+(?P<count>\d+)\s+(?P<type>\w+)\s+(?P<redop>\w+)\s+(?P<root>-?\d+)\s+"
+    r"(?P<t1>[\d.]+)\s+(?P<a1>[\d.]+)\s+(?P<b1>[\d.]+)\s+(?P<w1>\S+)\s*$"
+)
+_PERF_RANK_RE = re.compile(r"^#\s+Rank\s+(\d+)\s+Group")
+_AVG_BUSBW_RE = re.compile(r"#\s*Avg bus bandwidth\s*:\s*([\d.]+)")
+_FORCED_RE = re.compile(r"\b(NCCL_ALGO|NCCL_PROTO)=(\S+)")
+_SATURATION_BYTES = 256 * 1024**2  # all_reduce busbw keeps rising below this on NVLink machines
+
+
+def _transport(via: str) -> str:
+    """`NET/IB/0/GDRDMA` -> `NET/IB/GDRDMA`, `P2P/direct pointer/read` -> `P2P/direct pointer/read`."""
+    parts = via.split("/")
+    if parts[0] == "NET":
+        return "/".join(part for part in parts if not part.isdigit())
+    return via
+
+
+def parse_nccl_log(text: str) -> dict[str, Any]:
+    """Timeouts, desync report, channel counts, transports, algorithms and init status from a log."""
+    timeouts: list[dict[str, Any]] = []
+    work: list[dict[str, int]] = []
+    desync: list[dict[str, int]] = []
+    desync_at: dict[str, Any] | None = None
+    channels: dict[str, int] = {}
+    ring_channels = 0
+    transports: Counter[str] = Counter()
+    links: list[dict[str, Any]] = []
+    algorithms: Counter[str] = Counter()
+    comms: dict[int, dict[str, int]] = {}
+    warnings: list[str] = []
+    init_complete = 0
+    forced: dict[str, str] = {}
+    nccl_lines = 0
+    for line in text.splitlines():
+        if _NCCL_RE.search(line):
+            nccl_lines += 1
+        if match := _TIMEOUT_RE.search(line):
+            timeouts.append({
+                "rank": int(match["rank"]), "op": match["op"], "seq": int(match["seq"]),
+                "timeout_ms": int(match["timeout"]), "ran_ms": int(match["ran"]),
+                "numel": int(match["numel"]) if match["numel"] else None,
+            })
+            continue
+        if match := _WORK_RE.search(line):
+            work.append({"rank": int(match["rank"]), "work": int(match["work"]),
+                         "last_enqueued": int(match["enq"]), "last_completed": int(match["done"])})
+            continue
+        if match := _DESYNC_HEAD_RE.search(line):
+            desync_at = {"rank": int(match["rank"]), "op": match["op"], "collective": int(match["seq"])}
+            continue
+        if match := _DESYNC_RANK_RE.search(line):
+            desync.append({"rank": int(match["rank"]), "finished": int(match["done"]), "missing": int(match["missing"])})
+            continue
+        if match := _CHANNEL_SUMMARY_RE.search(line):
+            for count, kind, per_peer in _CHANNEL_ITEM_RE.findall(match.group(1)):
+                key = kind.strip().replace(" ", "_") + ("_per_peer" if per_peer else "")
+                channels[key] = max(channels.get(key, 0), int(count))
+            continue
+        if match := _VIA_RE.search(line):
+            kind = _transport(match["via"])
+            transports[kind] += 1
+            links.append({"channel": int(match["chan"]), "from": int(match["src"]), "to": int(match["dst"]),
+                          "via": kind})
+            continue
+        if match := _RING_HEADER_RE.search(line):
+            ring_channels = max(ring_channels, int(match.group(2)))
+            continue
+        if match := _ALGO_LINE_RE.search(line):
+            algorithms["tree" if match.group(1).startswith("Tree") else "ring"] += 1
+        if match := _COMM_RE.search(line):
+            comms[int(match["rank"])] = {
+                "nranks": int(match["nranks"]),
+                **({"nnodes": int(match["nnodes"])} if match["nnodes"] else {}),
+            }
+        if _INIT_DONE_RE.search(line):
+            init_complete += 1
+        if match := _WARN_RE.search(line):
+            warnings.append(match.group(1).strip())
+        for name, value in _FORCED_RE.findall(line):
+            forced[name] = value
+    if ring_channels and "coll" not in channels:
+        channels["coll"] = ring_channels
+    return {
+        "nccl_lines": nccl_lines,
+        "timeouts": timeouts,
+        "watchdog_work": work,
+        "desync": {"at": desync_at, "ranks": desync} if desync_at or desync else None,
+        "channels": channels,
+        "transports": dict(transports),
+        "links": links,
+        "algorithms": sorted(algorithms),
+        "forced": forced,
+        "comms": {str(rank): info for rank, info in sorted(comms.items())},
+        "init_complete": init_complete,
+        "nccl_warnings": warnings,
+    }
+
+
+def parse_nccl_tests(text: str) -> dict[str, Any]:
+    """Rows of an nccl-tests table (`all_reduce_perf` and friends): size, count, and per out-of-place
+    / in-place time (us), algbw and busbw (GB/s), #wrong; plus ranks, forced algorithm, average."""
+    rows: list[dict[str, Any]] = []
+    ranks: set[int] = set()
+    average = None
+    for line in text.splitlines():
+        if match := _PERF_RANK_RE.match(line):
+            ranks.add(int(match.group(1)))
+            continue
+        if match := _AVG_BUSBW_RE.search(line):
+            average = float(match.group(1))
+            continue
+        match = _PERF_ROW_RE.match(line) or _PERF_ROW_SHORT_RE.match(line)
+        if not match:
+            continue
+        groups = match.groupdict()
+        row: dict[str, Any] = {
+            "size": int(groups["size"]), "count": int(groups["count"]), "type": groups["type"],
+            "redop": groups["redop"], "root": int(groups["root"]),
+            "out_of_place": {"time_us": float(groups["t1"]), "algbw": float(groups["a1"]),
+                             "busbw": float(groups["b1"]), "wrong": groups["w1"]},
+        }
+        if groups.get("t2") is not None:
+            row["in_place"] = {"time_us": float(groups["t2"]), "algbw": float(groups["a2"]),
+                               "busbw": float(groups["b2"]), "wrong": groups["w2"]}
+        rows.append(row)
+    inferred = None
+    for row in rows:  # all_reduce: busbw = algbw * 2(n-1)/n  =>  n = 2 / (2 - ratio)
+        part = row["out_of_place"]
+        if part["algbw"] >= 1 and row["redop"] != "none":
+            ratio = part["busbw"] / part["algbw"]
+            if 1 <= ratio < 2:
+                inferred = round(2 / (2 - ratio))
+    return {
+        "rows": rows,
+        "ranks": len(ranks) or None,
+        "ranks_inferred": inferred,
+        "average_busbw": average,
+        "peak_busbw": max((max(r["out_of_place"]["busbw"], r.get("in_place", {}).get("busbw", 0)) for r in rows),
+                          default=None),
+        "largest_size": max((r["size"] for r in rows), default=None),
+        "wrong": sum(1 for r in rows for part in ("out_of_place", "in_place")
+                     if part in r and r[part]["wrong"] not in ("0", "N/A")),
+    }
+
+
+def _verdict(log: dict[str, Any], perf: dict[str, Any], expected_busbw: float | None) -> dict[str, Any]:
+    findings: list[dict[str, str]] = []
+
+    def add(status: str, cause: str, fix: str) -> None:
+        findings.append({"status": status, "cause": cause, "fix": fix})
+
+    timeouts = log["timeouts"]
+    if log["desync"] and log["desync"]["ranks"]:
+        lagging = ", ".join(
+            f"rank {item['rank']} (finished #{item['finished']}, never joined #{item['missing']})"
+            for item in log["desync"]["ranks"]
+        )
+        add("failed", f"collective desync: {lagging}; the other ranks waited in the next collective until the "
+            "timeout. A code path that skips or reorders a collective on some ranks, or a rank that died/hung, "
+            "not the network",
+            "read the desync report's stack trace for where the lagging rank diverged; make every rank issue "
+            "the same collectives in the same order")
+    elif timeouts:
+        seqs = sorted({item["seq"] for item in timeouts})
+        ops = sorted({item["op"] for item in timeouts})
+        reporting = sorted({item["rank"] for item in timeouts})
+        budget = max(item["timeout_ms"] for item in timeouts)
+        cause = (f"watchdog timeout in {'/'.join(ops)} seq {', '.join(map(str, seqs))} on rank(s) "
+                 f"{', '.join(map(str, reporting))} after {budget / 1000:g} s")
+        if len(seqs) == 1:
+            cause += ": every reporting rank is stuck in the same collective, so a rank that never arrived " \
+                     "(stuck in data loading or I/O, crashed, out of memory) held them up"
+        fix = ("find the rank missing from this list in its own log; rerun with TORCH_NCCL_DESYNC_DEBUG=1 and "
+               "the flight recorder (TORCH_FR_BUFFER_SIZE) to name it")
+        if budget >= 600_000:
+            fix += "; the timeout is PyTorch's default 10 min: a shorter `training.collective_timeout` " \
+                   "frees the GPUs sooner"
+        add("failed", cause, fix)
+    transports = log["transports"]
+    if any(kind.startswith("NET/Socket") for kind in transports):
+        add("warning", "inter-node traffic goes over TCP sockets (NET/Socket), not RDMA",
+            "check that the IB/EFA devices are visible (ibv_devinfo), NCCL_IB_HCA names them, and the "
+            "network plugin (aws-ofi-nccl, TCPX) is loaded")
+    net_ib = [kind for kind in transports if kind.startswith("NET/IB")]
+    if net_ib and not any("GDRDMA" in kind for kind in net_ib):
+        add("warning", "InfiniBand without GPUDirect RDMA: data is staged through host memory",
+            "load nvidia-peermem (or use dma-buf) and check NCCL_NET_GDR_LEVEL is not below the GPU-NIC distance")
+    if any(kind.startswith("SHM") for kind in transports):
+        pairs = sorted({f"{link['from']}->{link['to']}" for link in log["links"] if link["via"].startswith("SHM")})
+        add("info", f"ranks {', '.join(pairs)} exchange through host shared memory (SHM): no P2P path between "
+            "those GPUs (different CPU sockets / PCIe root complexes)",
+            "expected on PCIe machines across NUMA nodes; keep each rank bound to its GPU's NUMA node "
+            "(the plan does) and prefer NVLink machines for large all-reduces")
+    for name, value in log["forced"].items():
+        add("warning", f"{name}={value} is forced: a debugging knob that overrides NCCL's tuning",
+            f"remove {name} unless the platform's vendor prescribes it")
+    if perf["rows"]:
+        peak, largest = perf["peak_busbw"], perf["largest_size"]
+        if perf["wrong"]:
+            add("failed", f"nccl-tests reported {perf['wrong']} result(s) with #wrong > 0: data corruption",
+                "check NCCL_PROTO (LL128 on unsupported platforms corrupts data), drivers and hardware")
+        if largest is not None and largest < _SATURATION_BYTES:
+            add("info", f"largest message tested is {largest / 1024**2:g} MiB: bus bandwidth is not saturated yet "
+                f"(peak {peak:g} GB/s)", "sweep up to at least 1 GiB (all_reduce_perf -b 8 -e 8G -f 2) to compare "
+                "with the expected figure")
+        elif expected_busbw and peak is not None:
+            ratio = peak / expected_busbw
+            if ratio < 0.8:
+                add("warning", f"peak bus bandwidth {peak:g} GB/s is {ratio:.0%} of the {expected_busbw:g} GB/s "
+                    "this profile expects", "check the transports in an NCCL_DEBUG=INFO run (P2P/NVLink, "
+                    "GDRDMA), NUMA binding, and that no NCCL_ALGO/PROTO is forced")
+            else:
+                add("ok", f"peak bus bandwidth {peak:g} GB/s is {ratio:.0%} of the {expected_busbw:g} GB/s expected",
+                    "nothing to do")
+    if not findings:
+        if log["nccl_lines"]:
+            via = ", ".join(sorted(transports)) or "no transport lines"
+            add("ok", f"NCCL initialised without timeouts or warnings ({via})", "nothing to do")
+        else:
+            add("unknown", "no NCCL activity or watchdog message in this log",
+                "the job may use gloo, or NCCL_DEBUG was not INFO; launch sets NCCL_DEBUG=INFO for nccl jobs")
+    order = {"failed": 0, "warning": 1, "info": 2, "ok": 3, "unknown": 4}
+    findings.sort(key=lambda item: order[item["status"]])
+    worst = findings[0]["status"]
+    return {"status": "ok" if worst == "info" else worst, "cause": findings[0]["cause"],
+            "fix": findings[0]["fix"], "findings": findings}
+
+
+def report(text: str, *, expected_busbw: float | None = None) -> dict[str, Any]:
+    """The health report of one log: `timeouts`, `channels`, `transports`, `algorithms`, `bandwidth`
+    (nccl-tests rows, when present) and a `verdict` {status, cause, fix, findings}."""
+    log = parse_nccl_log(text)
+    perf = parse_nccl_tests(text)
+    return {
+        "timeouts": log["timeouts"],
+        "watchdog_work": log["watchdog_work"],
+        "desync": log["desync"],
+        "channels": log["channels"],
+        "transports": log["transports"],
+        "algorithms": log["algorithms"],
+        "forced": log["forced"],
+        "comms": log["comms"],
+        "init_complete": log["init_complete"],
+        "nccl_warnings": log["nccl_warnings"],
+        "bandwidth": {
+            "rows": [
+                {"size": row["size"], "algbw": row["out_of_place"]["algbw"], "busbw": row["out_of_place"]["busbw"],
+                 **({"busbw_in_place": row["in_place"]["busbw"]} if "in_place" in row else {})}
+                for row in perf["rows"]
+            ],
+            "peak_busbw": perf["peak_busbw"],
+            "largest_size": perf["largest_size"],
+            "ranks": perf["ranks"] or perf["ranks_inferred"],
+            "expected_busbw": expected_busbw,
+        } if perf["rows"] else None,
+        "verdict": _verdict(log, perf, expected_busbw),
+    }

@@ -1,0 +1,295 @@
+"""A launch plan: topology -> NCCL profile -> environment, per-rank NIC and CPU binding, torchrun command.
+
+Every variable a plan carries is one NCCL, PyTorch, torchrun or the profile's network plugin
+reads (`envvars.check`); a profile file or an override that names another is refused.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from seedance_tasks.errors import ConfigError, UsageError
+from seedance_tasks.training import envvars
+from seedance_tasks.training.topology import Topology, format_cpu_list, link_rank
+
+DEFAULT_PROFILES = Path(__file__).resolve().parents[2] / "config" / "nccl_profiles.yaml"
+TRAINER_MODULE = "seedance_tasks.training.trainer"
+RANKS_ENV = "SEEDANCE_TRAIN_RANKS"  # per-local-rank env + CPU binding, applied by the trainer at start
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    description: str
+    env: dict[str, str]
+    match: dict[str, str] | None
+    backend: str | None
+    nic_per_rank: bool
+    expected_busbw_gbps: dict[str, float]
+    notes: list[str]
+    source: list[str]
+
+
+@lru_cache(maxsize=8)
+def _load(path: str) -> tuple[dict[str, Profile], dict[str, dict[str, str]]]:
+    try:
+        data = yaml.safe_load(Path(path).read_text()) or {}
+    except FileNotFoundError:
+        raise ConfigError(f"NCCL profiles file not found: {path}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"NCCL profiles file {path} is not valid YAML: {exc}") from None
+    unknown = set(data) - {"common", "profiles"}
+    if unknown:
+        raise ConfigError(f"{path}: unknown top-level key(s) {sorted(unknown)}")
+    common = {key: {str(k): str(v) for k, v in (value or {}).items()} for key, value in (data.get("common") or {}).items()}
+    for section, env in common.items():
+        envvars.validate(env, source=f"{path}: common.{section}")
+    profiles: dict[str, Profile] = {}
+    allowed = {"description", "match", "backend", "env", "nic_per_rank", "expected_busbw_gbps", "notes", "source"}
+    for name, body in (data.get("profiles") or {}).items():
+        body = body or {}
+        extra = set(body) - allowed
+        if extra:
+            raise ConfigError(f"{path}: profile {name!r} has unknown key(s) {sorted(extra)}")
+        env = {str(k): str(v) for k, v in (body.get("env") or {}).items()}
+        # placeholders are checked with a representative value
+        envvars.validate({k: v.replace("{ib_hca}", "=mlx5_0") for k, v in env.items()}, source=f"{path}: profile {name}")
+        profiles[name] = Profile(
+            name=name,
+            description=str(body.get("description", "")),
+            env=env,
+            match=body.get("match"),
+            backend=body.get("backend"),
+            nic_per_rank=bool(body.get("nic_per_rank", False)),
+            expected_busbw_gbps={str(k): float(v) for k, v in (body.get("expected_busbw_gbps") or {}).items()},
+            notes=list(body.get("notes") or []),
+            source=list(body.get("source") or []),
+        )
+    if not profiles:
+        raise ConfigError(f"{path}: no profiles")
+    return profiles, common
+
+
+def load_profiles(path: str | Path | None = None) -> dict[str, Profile]:
+    """The profiles of `path` (default config/nccl_profiles.yaml), each validated."""
+    return _load(str(path or DEFAULT_PROFILES))[0]
+
+
+def _facts(topology: Topology | None, nodes: int) -> dict[str, str]:
+    gpus = topology.gpus if topology else []
+    nics = topology.nics if topology else []
+    if any(nic.startswith(("rdmap", "efa")) for nic in nics):
+        nic_kind = "efa"
+    elif nics:
+        nic_kind = "ib"
+    else:
+        nic_kind = "none"
+    return {
+        "gpus": "some" if gpus else "none",
+        "nodes": "multi" if nodes > 1 else "single",
+        "gpu_links": "nvlink" if topology and topology.nvlink_all_pairs else "pcie",
+        "nics": nic_kind,
+    }
+
+
+def select_profile(
+    topology: Topology | None, nodes: int, name: str = "auto", profiles_file: str | Path | None = None
+) -> tuple[Profile, str]:
+    """The profile named `name`, or with `auto` the first whose `match` fits; returns (profile, why)."""
+    profiles = load_profiles(profiles_file)
+    facts = _facts(topology, nodes)
+    if name and name != "auto":
+        if name not in profiles:
+            raise UsageError(f"unknown NCCL profile {name!r}", hint=f"choose one of: auto, {', '.join(profiles)}")
+        return profiles[name], f"chosen by name; machine: {facts}"
+    for profile in profiles.values():
+        if profile.match and all(facts.get(key) == str(value) for key, value in profile.match.items()):
+            return profile, "auto: " + ", ".join(f"{key}={facts[key]}" for key in profile.match)
+    raise UsageError(f"no NCCL profile matches this machine ({facts})", hint="pick one with --profile")
+
+
+def _exact_list(nics: list[str]) -> str:
+    return "=" + ",".join(nics) if nics else ""
+
+
+def _rank_layout(topology: Topology | None, nproc: int, nic_per_rank: bool) -> list[dict[str, Any]]:
+    ranks: list[dict[str, Any]] = []
+    gpus = topology.gpus if topology else []
+    sharing: dict[str, int] = {}
+    cpu_sets: list[list[int] | None] = []
+    for local_rank in range(nproc):
+        gpu = gpus[local_rank] if local_rank < len(gpus) else None
+        cpus = topology.cpus_of(gpu) if topology and gpu else None
+        cpu_sets.append(cpus)
+        key = format_cpu_list(cpus)
+        sharing[key] = sharing.get(key, 0) + 1
+    for local_rank, cpus in enumerate(cpu_sets):
+        gpu = gpus[local_rank] if local_rank < len(gpus) else None
+        entry: dict[str, Any] = {
+            "local_rank": local_rank,
+            "gpu": gpu,
+            "numa": topology.numa.get(gpu) if topology and gpu else None,
+            "cpus": format_cpu_list(cpus) or None,
+            "nics": topology.nearest_nics(gpu) if topology and gpu else [],
+            "env": {},
+        }
+        if cpus:
+            entry["env"]["OMP_NUM_THREADS"] = str(max(1, len(cpus) // sharing[format_cpu_list(cpus)]))
+        if nic_per_rank and entry["nics"] and topology:
+            near = entry["nics"]
+            if topology.nic_distance(gpu, near[0]) < link_rank("SYS"):
+                entry["env"]["NCCL_IB_HCA"] = _exact_list(near)
+        ranks.append(entry)
+    return ranks
+
+
+def torchrun_command(
+    *,
+    nproc_per_node: int,
+    nnodes: int = 1,
+    rdzv_endpoint: str | None = None,
+    max_restarts: int = 0,
+    trainer_args: list[str] | None = None,
+) -> list[str]:
+    """The torchrun command line (as a person would type it) for the reference trainer."""
+    if nnodes > 1 and not rdzv_endpoint:
+        raise UsageError("--nnodes > 1 needs --rdzv-endpoint HOST:PORT (the rendezvous every node joins)")
+    command = ["torchrun", f"--nproc-per-node={nproc_per_node}", f"--nnodes={nnodes}"]
+    if nnodes > 1:
+        command += ["--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv_endpoint}"]
+    else:
+        command += ["--standalone"]
+    command += [f"--max-restarts={max_restarts}", "-m", TRAINER_MODULE, *(trainer_args or [])]
+    return command
+
+
+def make_plan(
+    topology: Topology | None,
+    *,
+    nodes: int = 1,
+    nproc_per_node: int = 0,
+    profile: str = "auto",
+    overrides: dict[str, object] | None = None,
+    backend: str = "auto",
+    nccl_debug: str | None = "INFO",
+    max_restarts: int = 0,
+    rdzv_endpoint: str | None = None,
+    profiles_file: str | Path | None = None,
+    trainer_args: list[str] | None = None,
+) -> dict[str, Any]:
+    """Everything a launch needs, as a JSON-able dict: `gpus`, `links`, `numa`, `nics`, `profile`,
+    `env` (node-wide), `ranks` (per local rank: GPU, NUMA node, CPUs, nearest NICs, extra env),
+    `command` (torchrun) and `warnings`. Overrides are validated like the profile's own variables."""
+    chosen, why = select_profile(topology, nodes, profile, profiles_file)
+    clean_overrides = envvars.validate(dict(overrides or {}))
+    gpus = topology.gpus if topology else []
+    if backend == "auto":
+        backend = chosen.backend or ("nccl" if gpus else "gloo")
+    if backend == "nccl" and not gpus:
+        raise UsageError("the nccl backend needs GPUs, and this topology has none", hint="use --backend gloo")
+    nproc = nproc_per_node or (len(gpus) if gpus else 2)
+    warnings: list[str] = []
+    if gpus and nproc > len(gpus):
+        raise UsageError(f"--nproc-per-node {nproc} but the machine has {len(gpus)} GPUs")
+    if topology and topology.pcie_only_view:
+        warnings.append("this is a PCIe-only view (`nvidia-smi topo -mp`): NVLinks are not shown; "
+                        "plan from `nvidia-smi topo -m` to see them")
+    if topology and gpus and not topology.numa_nodes:
+        warnings.append("no NUMA affinity reported (N/A): ranks are not bound to a NUMA node")
+    unbound = [gpu for gpu in gpus[:nproc] if topology and not topology.cpus_of(gpu)]
+    if unbound:
+        warnings.append(f"no CPU affinity reported for {', '.join(unbound)}: those ranks are not bound to CPUs")
+
+    env: dict[str, str] = {}
+    if backend == "nccl":
+        env.update(_load(str(profiles_file or DEFAULT_PROFILES))[1].get("nccl", {}))
+        if nccl_debug:
+            env["NCCL_DEBUG"] = nccl_debug
+    hca = _exact_list(topology.compute_nics()) if topology else ""
+    for key, value in chosen.env.items():
+        if "{ib_hca}" in value:
+            if not hca:
+                warnings.append(f"{key} left unset: the topology shows no NICs")
+                continue
+            value = value.replace("{ib_hca}", hca)
+        env[key] = value
+    if max_restarts > 0:
+        # torchrun's restarts are unreliable when workers share the rendezvous TCP store
+        env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+    env.update(clean_overrides)
+    for key, value in env.items():  # a last guard: never emit a name nothing reads
+        verdict = envvars.check(key, value)
+        if not verdict.ok:
+            raise ConfigError(f"plan would emit {key}: {verdict.reason}")
+        if verdict.warning and key in clean_overrides:
+            warnings.append(verdict.warning)
+
+    ranks = _rank_layout(topology, nproc, chosen.nic_per_rank and nodes > 1)
+    for rank in ranks:
+        for key in clean_overrides:  # a user's override wins over per-rank derivation
+            rank["env"].pop(key, None)
+    link_types = topology.gpu_link_types() if topology else []
+    expected = next((chosen.expected_busbw_gbps[kind] for kind in link_types if kind in chosen.expected_busbw_gbps), None)
+    return {
+        "gpus": list(gpus),
+        "links": {a: dict(row) for a, row in topology.links.items()} if topology else {},
+        "numa": {gpu: topology.numa.get(gpu) for gpu in gpus} if topology else {},
+        "nics": list(topology.nics) if topology else [],
+        "cpu_affinity": {gpu: format_cpu_list(topology.cpus_of(gpu)) or None for gpu in gpus} if topology else {},
+        "gpu_link_types": link_types,
+        "pcie_only_view": bool(topology and topology.pcie_only_view),
+        "nodes": nodes,
+        "nproc_per_node": nproc,
+        "backend": backend,
+        "profile": {
+            "name": chosen.name,
+            "description": chosen.description,
+            "why": why,
+            "notes": chosen.notes,
+            "source": chosen.source,
+            "expected_busbw_gbps": expected,
+        },
+        "env": env,
+        "ranks": ranks,
+        "command": torchrun_command(
+            nproc_per_node=nproc, nnodes=nodes, rdzv_endpoint=rdzv_endpoint,
+            max_restarts=max_restarts, trainer_args=trainer_args,
+        ),
+        "warnings": warnings,
+    }
+
+
+def apply_rank_binding(environ: dict[str, str] | None = None) -> dict[str, Any]:
+    """In a worker, before the process group starts: set this local rank's variables and bind it to
+    its CPUs (those of its GPU, as far as this machine has them). Returns what it did."""
+    environ = os.environ if environ is None else environ
+    raw = environ.get(RANKS_ENV)
+    if not raw:
+        return {}
+    import json
+
+    local_rank = int(environ.get("LOCAL_RANK", "0"))
+    ranks = json.loads(raw)
+    if local_rank >= len(ranks):
+        return {}
+    entry = ranks[local_rank]
+    for key, value in (entry.get("env") or {}).items():
+        environ[key] = value
+    done: dict[str, Any] = {"env": entry.get("env") or {}, "cpus": None}
+    if entry.get("cpus") and hasattr(os, "sched_setaffinity"):
+        from seedance_tasks.training.topology import parse_cpu_list
+
+        wanted = set(parse_cpu_list(entry["cpus"]) or [])
+        usable = wanted & os.sched_getaffinity(0)
+        if usable:
+            os.sched_setaffinity(0, usable)
+            done["cpus"] = format_cpu_list(sorted(usable))
+        else:
+            done["skipped"] = f"none of CPUs {entry['cpus']} is available here"
+    return done

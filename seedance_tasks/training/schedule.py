@@ -1,0 +1,119 @@
+"""Batch-size schedule: warmup, hold, decay of the effective (global) batch, as pure functions.
+
+The micro-batch (samples per rank per forward pass) never changes, so memory use does not
+either; the effective batch is realised through gradient accumulation:
+`global_batch = micro_batch * world_size * accumulation`. The learning rate follows the realised
+batch (square-root rule for Adam(W), linear for SGD, or as configured), and neither the batch
+nor the LR scaling goes past the critical batch size. When the world size changes (a restart on
+fewer or more nodes), the target global batch is kept and only the accumulation changes.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """What step `step` does: accumulate `accumulation` micro-batches per rank, at `lr`."""
+
+    step: int
+    target_batch: int
+    accumulation: int
+    global_batch: int
+    lr: float
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def target_batch(step: int, schedule) -> int:
+    """The effective batch the schedule asks for at `step` (before rounding to whole micro-batches).
+
+    Linear ramp `start_batch -> peak_batch` over `warmup_steps`, hold, then a linear ramp
+    `peak_batch -> end_batch` over the last `decay_steps` of `total_steps`; capped at
+    `critical_batch`.
+    """
+    total = schedule_total(schedule)
+    warmup, decay = schedule.warmup_steps, schedule.decay_steps
+    if warmup and step < warmup:
+        value = schedule.start_batch + (schedule.peak_batch - schedule.start_batch) * step / warmup
+    elif decay and step >= total - decay:
+        into = step - (total - decay) + 1
+        value = schedule.peak_batch + (schedule.end_batch - schedule.peak_batch) * into / decay
+    else:
+        value = schedule.peak_batch
+    if schedule.critical_batch:
+        value = min(value, schedule.critical_batch)
+    return max(1, int(round(value)))
+
+
+def schedule_total(schedule) -> int:
+    return int(getattr(schedule, "total_steps", 0) or 0)
+
+
+def accumulation(batch: int, micro_batch: int, world_size: int) -> int:
+    """Micro-batches per rank per step whose global total is nearest `batch` (at least 1)."""
+    if micro_batch < 1 or world_size < 1:
+        raise ValueError("micro_batch and world_size must be >= 1")
+    return max(1, int(round(batch / (micro_batch * world_size))))
+
+
+def lr_rule(schedule) -> str:
+    if schedule.lr_scaling != "auto":
+        return schedule.lr_scaling
+    return "linear" if schedule.optimizer == "sgd" else "sqrt"
+
+
+def learning_rate(batch: int, schedule) -> float:
+    """`base_lr` rescaled from `base_batch` to `batch` by the rule (sqrt/linear/none); the batch
+    used for scaling is capped at `critical_batch`, past which a larger batch buys no speed-up."""
+    effective = min(batch, schedule.critical_batch) if schedule.critical_batch else batch
+    ratio = effective / schedule.base_batch
+    rule = lr_rule(schedule)
+    if rule == "sqrt":
+        return schedule.base_lr * math.sqrt(ratio)
+    if rule == "linear":
+        return schedule.base_lr * ratio
+    return schedule.base_lr
+
+
+def plan_step(step: int, schedule, world_size: int) -> StepPlan:
+    """The accumulation and LR of `step` for `world_size` ranks; the LR follows the batch realised."""
+    wanted = target_batch(step, schedule)
+    accum = accumulation(wanted, schedule.micro_batch, world_size)
+    realised = accum * schedule.micro_batch * world_size
+    return StepPlan(step, wanted, accum, realised, learning_rate(realised, schedule))
+
+
+def table(schedule, world_size: int, steps: int | None = None) -> list[dict]:
+    """The whole run, one row per step (for reports and `train plan`)."""
+    count = steps if steps is not None else schedule_total(schedule)
+    return [plan_step(step, schedule, world_size).to_dict() for step in range(count)]
+
+
+@dataclass(frozen=True)
+class RunSchedule:
+    """A schedule bound to a run length: the settings' fields plus `total_steps`."""
+
+    micro_batch: int
+    start_batch: int
+    peak_batch: int
+    end_batch: int
+    warmup_steps: int
+    decay_steps: int
+    critical_batch: int | None
+    base_lr: float
+    base_batch: int
+    optimizer: str
+    lr_scaling: str
+    total_steps: int
+
+    @classmethod
+    def from_settings(cls, settings, total_steps: int, **overrides) -> RunSchedule:
+        values = {**settings.model_dump(), **{k: v for k, v in overrides.items() if v is not None}}
+        return cls(total_steps=total_steps, **values)
+
+    def to_dict(self) -> dict:
+        return asdict(self)

@@ -1,0 +1,108 @@
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from seedance_tasks import journal, storage
+from seedance_tasks.errors import IntegrityError, UsageError
+
+
+def test_resolve_local_forms(tmp_path):
+    for uri in (str(tmp_path), f"file://{tmp_path}"):
+        location = storage.resolve(uri)
+        assert location.path == str(tmp_path) and not location.is_s3
+
+
+def test_resolve_rejects_unknown_scheme():
+    with pytest.raises(UsageError, match="unsupported storage scheme"):
+        storage.resolve("gs://bucket/x")
+
+
+def test_list_files_skips_hidden(tmp_path):
+    (tmp_path / "a=1").mkdir()
+    for name in ("a=1/x.parquet", "a=1/_SUCCESS", "a=1/.x.parquet.crc", "_seedance/trash/r/y.parquet", "z.parquet"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_bytes(b"1")
+    root = storage.resolve(tmp_path)
+    assert [root.relative(f.path) for f in storage.list_files(root)] == ["a=1/x.parquet", "z.parquet"]
+    assert len(storage.list_files(root, include_hidden=True)) == 5
+
+
+def test_publish_trash_and_quarantine_move_never_delete(tmp_path):
+    root = storage.resolve(tmp_path)
+    storage.write_bytes_atomic(root.fs, root.join("p/.staged"), b"new")
+    storage.publish(root.fs, root.join("p/.staged"), root.join("p/final"))
+    storage.publish(root.fs, root.join("p/.staged"), root.join("p/final"))  # repeat after a crash: no-op
+    assert (tmp_path / "p/final").read_bytes() == b"new"
+    with pytest.raises(IntegrityError):
+        storage.publish(root.fs, root.join("p/.gone"), root.join("p/other"))
+    trashed = storage.move_to_trash(root, "p/final", "20260101T000000Z-aaaaaa")
+    assert open(trashed, "rb").read() == b"new" and not (tmp_path / "p/final").exists()
+    (tmp_path / "p/bad").write_bytes(b"junk")
+    moved = storage.quarantine(root, "p/bad", "20260101T000000Z-aaaaaa", "not parquet")
+    assert open(moved, "rb").read() == b"junk"
+    assert "not parquet" in open(moved + ".reason.json").read()
+
+
+def test_purge_trash_by_age(tmp_path):
+    root = storage.resolve(tmp_path)
+    now = datetime(2026, 11, 29, tzinfo=UTC)
+    old = storage.new_run_id(now - timedelta(days=8))
+    new = storage.new_run_id(now - timedelta(days=1))
+    for run in (old, new):
+        path = tmp_path / "_seedance/trash" / run / "p/f.parquet"
+        path.parent.mkdir(parents=True)
+        path.write_bytes(b"x" * 10)
+    dry = storage.purge_trash(root, 7 * 86400, now=now, apply=False)
+    assert dry["purged"] == [old] and (tmp_path / "_seedance/trash" / old).exists()
+    result = storage.purge_trash(root, 7 * 86400, now=now)
+    assert result["purged"] == [old] and result["kept"] == [new] and result["bytes"] == 10
+    assert not (tmp_path / "_seedance/trash" / old).exists() and (tmp_path / "_seedance/trash" / new).exists()
+    assert storage.purge_trash(root, 0, now=now)["purged"] == [new]
+
+
+def _staged_transaction(tmp_path):
+    root = storage.resolve(tmp_path)
+    (tmp_path / "old.parquet").write_bytes(b"old")
+    txn = journal.Journal.begin(root, "20260101T000000Z-bbbbbb", "test", [], ["old.parquet"])
+    txn.add_publish(".new.staged", "new.parquet")
+    (tmp_path / ".new.staged").write_bytes(b"new")
+    return root, txn
+
+
+def test_journal_commit_publishes_then_retires(tmp_path):
+    root, txn = _staged_transaction(tmp_path)
+    txn.commit()
+    assert (tmp_path / "new.parquet").read_bytes() == b"new"
+    assert not (tmp_path / "old.parquet").exists()
+    assert (tmp_path / "_seedance/trash/20260101T000000Z-bbbbbb/old.parquet").read_bytes() == b"old"
+    assert journal.pending(root) == []
+
+
+def test_recover_rolls_back_a_writing_run(tmp_path):
+    root, _ = _staged_transaction(tmp_path)
+    assert journal.recover(root) == [{"run_id": "20260101T000000Z-bbbbbb", "action": "rolled back"}]
+    assert (tmp_path / "old.parquet").read_bytes() == b"old"
+    assert not (tmp_path / "new.parquet").exists() and not (tmp_path / ".new.staged").exists()
+
+
+def test_recover_rolls_forward_a_publishing_run_even_half_done(tmp_path):
+    root, txn = _staged_transaction(tmp_path)
+    txn.state = journal.PUBLISHING
+    txn._save()
+    storage.publish(root.fs, root.join(".new.staged"), root.join("new.parquet"))  # killed right after this
+    assert journal.recover(root)[0]["action"] == "rolled forward"
+    assert (tmp_path / "new.parquet").read_bytes() == b"new" and not (tmp_path / "old.parquet").exists()
+    assert journal.recover(root) == []
+
+
+def test_s3_storage_round_trip(s3_bucket):
+    root = storage.resolve(f"s3://{s3_bucket}/lake")
+    storage.write_bytes_atomic(root.fs, root.join("p/.staged"), b"payload")
+    storage.publish(root.fs, root.join("p/.staged"), root.join("p/final"))
+    assert [root.relative(f.path) for f in storage.list_files(root)] == ["p/final"]
+    storage.move_to_trash(root, "p/final", "20260101T000000Z-cccccc")
+    assert storage.list_files(root) == []
+    trash = storage.list_files(root.child("_seedance/trash"), include_hidden=True)
+    assert storage.read_bytes(root.fs, trash[0].path) == b"payload"
+    head = storage.boto3_client("s3").head_object(Bucket=s3_bucket, Key="lake/_seedance/trash/20260101T000000Z-cccccc/p/final")
+    assert head["ContentLength"] == 7
