@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from datetime import timedelta
+from typing import Any, TypeVar
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 DEFAULT_ARGS = {
     "owner": "seedance",
@@ -15,3 +20,26 @@ DEFAULT_ARGS = {
 def tags(*area: str) -> list[str]:
     """The tags of a Seedance DAG: `seedance` plus its area(s)."""
     return ["seedance", *area]
+
+
+def fail_fast(func: F) -> F:
+    """Wrap a task body: a non-retryable SeedanceError fails the task at once, without retries.
+
+    Retrying bad input, a refused dataset or a wrong setting only delays the same error; the
+    message (with its hint) is what the user sees in the task log.
+    """
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from seedance_tasks.errors import SeedanceError
+
+        try:
+            return func(*args, **kwargs)
+        except SeedanceError as exc:
+            if exc.retryable:
+                raise
+            from airflow.sdk.exceptions import AirflowFailException
+
+            raise AirflowFailException(str(exc)) from exc
+
+    return wrapper  # type: ignore[return-value]

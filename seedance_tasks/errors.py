@@ -7,6 +7,7 @@ class SeedanceError(Exception):
     """Base of every error Seedance raises on purpose; `hint` says what to do about it."""
 
     exit_code = 1
+    retryable = False  # a retry of the same task cannot fix it (bad input, refused, misconfigured)
 
     def __init__(self, message: str, *, hint: str | None = None):
         super().__init__(message)
@@ -43,3 +44,4 @@ class IntegrityError(SeedanceError):
     """Stored data does not match what its manifest/journal/index says (checksums, counts)."""
 
     exit_code = 4
+    retryable = True  # may be a half-finished write by another process; a later try can succeed

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from seedance_tasks.dag_support import fail_fast
 from seedance_tasks.errors import UsageError
 
 MAX_GROUPS = 64  # mapped task instances per run; well under Airflow's max_map_length
@@ -18,6 +19,7 @@ def _settings(params: dict):
     )
 
 
+@fail_fast
 def plan_task(params: dict) -> dict:
     """Recover, plan and save the plan; returns {"run_id", "plan_uri", "groups", ...} for mapping.
 
@@ -25,7 +27,7 @@ def plan_task(params: dict) -> dict:
     """
     from airflow.sdk.exceptions import AirflowSkipException
 
-    from seedance_tasks.compaction.run import group_partitions, prepare, save_plan
+    from seedance_tasks.compaction.run import group_partitions, prepare, save_plan, summarize
 
     settings = _settings(params)
     uri = params.get("uri") or settings.default_uri
@@ -34,19 +36,22 @@ def plan_task(params: dict) -> dict:
             "no dataset to compact: set the `uri` param, or compaction.default_uri in config/seedance.yaml"
         )
     plan, recovered = prepare(uri, settings, recover=not params.get("dry_run"))
+    if params.get("dry_run"):
+        return {"dry_run_report": summarize(plan, [], settings, recovered=recovered, dry_run=True), "groups": []}
     plan_uri = save_plan(plan) if plan.partitions else None
-    groups = [] if params.get("dry_run") else group_partitions(plan, MAX_GROUPS)
+    groups = group_partitions(plan, MAX_GROUPS)
     return {
         "run_id": plan.run_id,
         "uri": plan.uri,
         "plan_uri": plan_uri,
-        "dry_run": bool(params.get("dry_run")),
+        "dry_run": False,
         "settings": settings.model_dump(mode="json"),
         "recovered": recovered,
         "groups": [{"plan_uri": plan_uri, "indices": group, "settings": settings.model_dump(mode="json")} for group in groups],
     }
 
 
+@fail_fast
 def compact_group_task(group: dict) -> dict:
     """Compact one group of partitions of a saved plan; returns their results."""
     from seedance_tasks.compaction.run import compact_group, load_plan
@@ -57,12 +62,15 @@ def compact_group_task(group: dict) -> dict:
     return {"results": compact_group(plan, group["indices"], settings, workers=1)}
 
 
+@fail_fast
 def report_task(planned: dict, results: list[dict]) -> dict:
     """The run's report, as `seedance compact --json` prints it."""
     from seedance_tasks.compaction.plan import CompactionPlan
     from seedance_tasks.compaction.run import load_plan, summarize
     from seedance_tasks.compaction.settings import CompactionSettings
 
+    if "dry_run_report" in planned:
+        return planned["dry_run_report"]
     settings = CompactionSettings.model_validate(planned["settings"])
     if planned["plan_uri"]:
         plan = load_plan(planned["plan_uri"])
@@ -72,6 +80,7 @@ def report_task(planned: dict, results: list[dict]) -> dict:
     return summarize(plan, flat, settings, recovered=planned["recovered"], dry_run=planned["dry_run"])
 
 
+@fail_fast
 def purge_task(params: dict, summary: dict | None) -> dict:
     """Purge the lake's trash runs older than the `purge_older_than` param (skipped on dry runs)."""
     from seedance_tasks import storage
