@@ -29,6 +29,7 @@ from seedance_tasks.storage import Location
 
 JOURNAL_KIND = "compaction"
 _PREFETCH_ROW_GROUPS = 4
+_CARDINALITY_SAMPLE_ROWS = 8_192
 _READ_ERRORS = (pa.ArrowInvalid, pa.ArrowIOError, pa.ArrowNotImplementedError, pa.ArrowTypeError, OSError, ValueError)
 
 
@@ -63,14 +64,23 @@ def _open(root: Location, source: SourceFile) -> pq.ParquetFile:
         raise BadSourceFile(source, f"not a readable Parquet file ({exc})") from None
 
 
-def _row_groups(root: Location, sources: list[tuple[SourceFile, pq.ParquetFile]], schema: pa.Schema) -> Iterator[pa.Table]:
+def _row_groups(root: Location, sources: list[tuple[SourceFile, pq.ParquetFile]], schema: pa.Schema,
+                read_bytes: int) -> Iterator[pa.Table]:
+    """Each source's rows, whole row groups at a time, about `read_bytes` (uncompressed) per read."""
     for source, parquet in sources:
+        metadata = parquet.metadata
+        batch: list[int] = []
+        batch_bytes = 0
         for index in range(parquet.num_row_groups):
-            try:
-                table = parquet.read_row_group(index)
-            except _READ_ERRORS as exc:
-                raise BadSourceFile(source, f"row group {index} unreadable ({exc})") from None
-            yield conform(table, schema)
+            batch.append(index)
+            batch_bytes += metadata.row_group(index).total_byte_size
+            if batch_bytes >= read_bytes or index == parquet.num_row_groups - 1:
+                try:
+                    table = parquet.read_row_groups(batch)
+                except _READ_ERRORS as exc:
+                    raise BadSourceFile(source, f"row groups {batch[0]}-{batch[-1]} unreadable ({exc})") from None
+                yield conform(table, schema)
+                batch, batch_bytes = [], 0
 
 
 def _prefetched(tables: Iterator[pa.Table], depth: int = _PREFETCH_ROW_GROUPS) -> Iterator[pa.Table]:
@@ -112,6 +122,7 @@ def _prefetched(tables: Iterator[pa.Table], depth: int = _PREFETCH_ROW_GROUPS) -
 def _dictionary_columns(table: pa.Table, max_cardinality: float) -> list[str]:
     """Columns worth dictionary encoding: strings, binaries and integers with few distinct values."""
     chosen = []
+    table = table.slice(0, _CARDINALITY_SAMPLE_ROWS)
     rows = max(table.num_rows, 1)
     for field_ in table.schema:
         kind = field_.type
@@ -174,7 +185,7 @@ class _RollingWriter:
     def _flush(self) -> None:
         if not self.pending:
             return
-        table = pa.concat_tables(self.pending).combine_chunks()
+        table = pa.concat_tables(self.pending)
         uncompressed = self.pending_bytes
         self.pending, self.pending_bytes = [], 0
         target = self.settings.target_file_size
@@ -271,7 +282,7 @@ def _attempt(root: Location, plan: PartitionPlan, run_id: str, journal_id: str, 
                             meta={"partition": plan.partition}, trash_id=run_id)
     writer = _RollingWriter(root, journal, plan.partition, run_id, schema, settings)
     try:
-        for table in _prefetched(_row_groups(root, opened, schema)):
+        for table in _prefetched(_row_groups(root, opened, schema, settings.row_group_size // 4)):
             writer.write(table)
         outputs = writer.close()
         written_rows, written_bytes = _verify(root, outputs, rows, schema)
