@@ -72,14 +72,14 @@ def seedance_compaction():
 
         return airflow_tasks.compact_group_task(group)
 
-    @task(outlets=[COMPACTED_LAKE], trigger_rule="none_failed")
+    @task(outlets=[COMPACTED_LAKE], trigger_rule="none_failed_min_one_success")
     def report(planned: dict, results: list[dict]) -> dict:
         """One summary for the run (files, bytes, rows, skipped, quarantined, estimated saving)."""
         from seedance_tasks.compaction import airflow_tasks
 
         return airflow_tasks.report_task(planned, [results[i] for i in range(len(results))])
 
-    @task(trigger_rule="none_failed")
+    @task(trigger_rule="none_failed_min_one_success")
     def purge_trash(summary: dict, params: dict | None = None) -> dict:
         """Free the bytes of trash runs older than `purge_older_than`."""
         from seedance_tasks.compaction import airflow_tasks
