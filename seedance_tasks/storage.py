@@ -66,64 +66,76 @@ def _s3_settings():
     return load_settings().storage.s3
 
 
-def s3_endpoint_url(s3_settings=None) -> str | None:
-    """The S3 endpoint to use: settings, then AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL, else AWS's own."""
-    s3_settings = s3_settings or _s3_settings()
-    return (
-        s3_settings.endpoint_url
-        or os.environ.get("AWS_ENDPOINT_URL_S3")
-        or os.environ.get("AWS_ENDPOINT_URL")
-    )
-
-
-def aws_credentials(s3_settings=None) -> dict[str, str] | None:
-    """Credentials from the configured Airflow connection, or None to use the standard AWS chain."""
-    s3_settings = s3_settings or _s3_settings()
+def _airflow_connection(s3_settings) -> dict[str, Any]:
+    """Credentials, endpoint and region of the configured Airflow AWS connection ({} if none)."""
     if not s3_settings.aws_conn_id:
-        return None
+        return {}
     from airflow.providers.amazon.aws.hooks.base_aws import AwsBaseHook
 
-    creds = AwsBaseHook(aws_conn_id=s3_settings.aws_conn_id, client_type="s3").get_credentials()
-    found = {"access_key": creds.access_key, "secret_key": creds.secret_key}
-    if creds.token:
-        found["session_token"] = creds.token
-    return found
+    hook = AwsBaseHook(aws_conn_id=s3_settings.aws_conn_id, client_type="s3")
+    creds = hook.get_credentials()
+    found = {
+        "access_key": creds.access_key,
+        "secret_key": creds.secret_key,
+        "session_token": creds.token,
+        "endpoint_url": hook.conn_config.get_service_endpoint_url("s3"),
+        "region": hook.conn_config.region_name,
+    }
+    return {key: value for key, value in found.items() if value}
+
+
+def _aws_options(s3_settings=None) -> dict[str, Any]:
+    """Endpoint, region and credentials, each from the first place that sets it.
+
+    Order: settings (`storage.s3`), the Airflow connection they name, the environment
+    (AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL, AWS_DEFAULT_REGION); credentials not found there are
+    left to the standard AWS chain. Secrets are never logged.
+    """
+    s3_settings = s3_settings or _s3_settings()
+    connection = _airflow_connection(s3_settings)
+    return {
+        "endpoint_url": s3_settings.endpoint_url or connection.get("endpoint_url")
+        or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL"),
+        "region": s3_settings.region or connection.get("region") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1",
+        "credentials": {key: connection[key] for key in ("access_key", "secret_key", "session_token") if key in connection},
+    }
 
 
 def s3_filesystem(s3_settings=None) -> pafs.S3FileSystem:
     """A pyarrow S3 filesystem on the configured endpoint and credentials."""
-    s3_settings = s3_settings or _s3_settings()
+    options = _aws_options(s3_settings)
     kwargs: dict[str, Any] = {
-        "region": s3_settings.region or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1",
+        "region": options["region"],
         "allow_bucket_creation": True,
         "check_directory_existence_before_creation": False,
+        **options["credentials"],
     }
-    endpoint = s3_endpoint_url(s3_settings)
-    if endpoint:
+    if options["endpoint_url"]:
+        endpoint = options["endpoint_url"]
         parsed = urlparse(endpoint if "://" in endpoint else f"https://{endpoint}")
         kwargs["endpoint_override"] = parsed.netloc
         kwargs["scheme"] = parsed.scheme
-    creds = aws_credentials(s3_settings)
-    if creds:
-        kwargs.update(creds)
     return pafs.S3FileSystem(**kwargs)
 
 
 def boto3_client(service: str, s3_settings=None):
-    """A boto3 client for control-plane calls (tagging, storage classes...), same endpoint/credentials."""
+    """A boto3 client for control-plane calls (tagging, storage classes...), same credentials.
+
+    The configured endpoint applies to S3 only; other services use boto3's own resolution
+    (AWS_ENDPOINT_URL_<SERVICE> / AWS_ENDPOINT_URL, else AWS).
+    """
     import boto3
 
-    s3_settings = s3_settings or _s3_settings()
-    kwargs: dict[str, Any] = {"region_name": s3_settings.region or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"}
-    endpoint = s3_endpoint_url(s3_settings)
-    if endpoint:
-        kwargs["endpoint_url"] = endpoint
-    creds = aws_credentials(s3_settings)
-    if creds:
-        kwargs["aws_access_key_id"] = creds["access_key"]
-        kwargs["aws_secret_access_key"] = creds["secret_key"]
-        kwargs["aws_session_token"] = creds.get("session_token")
-    return boto3.client(service, **kwargs)
+    options = _aws_options(s3_settings)
+    creds = options["credentials"]
+    return boto3.client(
+        service,
+        region_name=options["region"],
+        endpoint_url=options["endpoint_url"] if service == "s3" else None,
+        aws_access_key_id=creds.get("access_key"),
+        aws_secret_access_key=creds.get("secret_key"),
+        aws_session_token=creds.get("session_token"),
+    )
 
 
 def resolve(uri: str | os.PathLike[str]) -> Location:

@@ -106,3 +106,22 @@ def test_s3_storage_round_trip(s3_bucket):
     assert storage.read_bytes(root.fs, trash[0].path) == b"payload"
     head = storage.boto3_client("s3").head_object(Bucket=s3_bucket, Key="lake/_seedance/trash/20260101T000000Z-cccccc/p/final")
     assert head["ContentLength"] == 7
+
+
+def test_s3_endpoint_and_credentials_from_an_airflow_connection(s3_server, s3_bucket, monkeypatch):
+    import json
+
+    from seedance_tasks.config import S3Settings
+
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_SEEDANCE_S3",
+        json.dumps({"conn_type": "aws", "login": "testing", "password": "testing",
+                    "extra": {"endpoint_url": s3_server, "region_name": "us-east-1"}}),
+    )
+    monkeypatch.delenv("AWS_ENDPOINT_URL")  # only the connection knows where the server is
+    fs = storage.s3_filesystem(S3Settings(aws_conn_id="seedance_s3"))
+    fs.create_dir(f"{s3_bucket}/via-connection")
+    with fs.open_output_stream(f"{s3_bucket}/via-connection/x") as out:
+        out.write(b"ok")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_server)
+    assert storage.boto3_client("s3").get_object(Bucket=s3_bucket, Key="via-connection/x")["Body"].read() == b"ok"
