@@ -1,5 +1,217 @@
-"""`seedance training` subcommands."""
+"""`seedance train` subcommands: plan, launch, health, schedule."""
+
+from __future__ import annotations
 
 import typer
 
+from seedance_tasks.cli_support import JSON_OPTION, console, emit, err_console, handle_errors, table
+
 app = typer.Typer(help="Training launch: plan NCCL settings, launch torchrun, read job health.", no_args_is_help=True)
+
+TOPOLOGY_OPTION = typer.Option(None, "--topology", help="saved `nvidia-smi topo -m` output")
+DETECT_OPTION = typer.Option(False, "--detect", help="run `nvidia-smi topo -m` on this machine")
+MACHINE_OPTION = typer.Option(0, "--machine", help="which matrix of a file holding several (0 = first)")
+SET_OPTION = typer.Option(None, "--set", help="override an env variable: NAME=value (repeatable); validated")
+NPROC_OPTION = typer.Option(None, "--nproc-per-node", help="processes per node (0 = one per GPU)")
+PROFILE_OPTION = typer.Option(None, "--profile", help="NCCL profile name (default: auto)")
+RDZV_OPTION = typer.Option(None, "--rdzv-endpoint", help="HOST:PORT of the rendezvous, for more than one node")
+RESTARTS_OPTION = typer.Option(None, "--max-restarts", help="torchrun restarts of the worker group; each resumes")
+
+
+def _topology(topology: str | None, detect: bool, machine: int):
+    from seedance_tasks.errors import UsageError
+    from seedance_tasks.training import topology as topo
+
+    if topology and detect:
+        raise UsageError("give --topology FILE or --detect, not both")
+    if detect:
+        return topo.detect()
+    if topology:
+        from pathlib import Path
+
+        path = Path(topology)
+        if not path.is_file():
+            raise UsageError(f"topology file not found: {topology}")
+        return topo.parse_topology(path.read_text(errors="replace"), str(path), machine)
+    return None
+
+
+def _render_plan(plan: dict) -> None:
+    profile = plan["profile"]
+    console.print(f"[bold]profile[/] {profile['name']} — {profile['description']}  [dim]({profile['why']})[/]")
+    if plan["gpus"]:
+        names = plan["gpus"]
+        rows = [[a, *[plan["links"][a].get(b, "") for b in names], str(plan["numa"].get(a, "")),
+                 plan["cpu_affinity"].get(a) or ""] for a in plan["gpus"]]
+        console.print(table("GPU links", ["", *names, "NUMA", "CPUs"], rows))
+        if plan["nics"]:
+            console.print(f"NICs: {', '.join(plan['nics'])}")
+    console.print(table(
+        f"ranks per node ({plan['nproc_per_node']} x {plan['nodes']} node(s), {plan['backend']})",
+        ["local rank", "GPU", "NUMA", "CPUs", "nearest NICs", "extra env"],
+        [[r["local_rank"], r["gpu"] or "-", "" if r["numa"] is None else str(r["numa"]), r["cpus"] or "-",
+          ",".join(r["nics"]) or "-", " ".join(f"{k}={v}" for k, v in r["env"].items())] for r in plan["ranks"]],
+    ))
+    console.print(table("environment", ["variable", "value"], sorted(plan["env"].items())))
+    for note in profile["notes"]:
+        console.print(f"[dim]note:[/] {note}")
+    for warning in plan["warnings"]:
+        console.print(f"[yellow]warning:[/] {warning}")
+    console.print("[bold]command[/] " + " ".join(plan["command"]))
+
+
+@app.command("plan")
+@handle_errors
+def plan_command(
+    topology: str = TOPOLOGY_OPTION,
+    detect: bool = DETECT_OPTION,
+    machine: int = MACHINE_OPTION,
+    nodes: int = typer.Option(None, "--nodes", help="nodes in the job (default: training.nnodes)"),
+    nproc_per_node: int = NPROC_OPTION,
+    profile: str = PROFILE_OPTION,
+    rdzv_endpoint: str = RDZV_OPTION,
+    max_restarts: int = RESTARTS_OPTION,
+    overrides: list[str] = SET_OPTION,
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """Derive the NCCL/PyTorch environment, per-rank NIC and CPU binding, and the torchrun command."""
+    from seedance_tasks.config import load_settings
+    from seedance_tasks.training import envvars
+    from seedance_tasks.training.plan import make_plan
+
+    cfg = load_settings().training
+    plan = make_plan(
+        _topology(topology, detect, machine),
+        nodes=nodes or cfg.nnodes,
+        nproc_per_node=cfg.nproc_per_node if nproc_per_node is None else nproc_per_node,
+        profile=profile or cfg.profile,
+        overrides=envvars.parse_assignments(overrides),
+        backend=cfg.backend,
+        nccl_debug=cfg.nccl_debug,
+        max_restarts=cfg.max_restarts if max_restarts is None else max_restarts,
+        rdzv_endpoint=rdzv_endpoint or ("HOST:29500" if (nodes or cfg.nnodes) > 1 else None),
+        profiles_file=cfg.profiles_file,
+    )
+    emit(plan, as_json, _render_plan)
+
+
+@app.command("launch")
+@handle_errors
+def launch_command(
+    topology: str = TOPOLOGY_OPTION,
+    detect: bool = DETECT_OPTION,
+    nproc_per_node: int = NPROC_OPTION,
+    nnodes: int = typer.Option(None, "--nnodes", help="nodes in the job"),
+    rdzv_endpoint: str = RDZV_OPTION,
+    backend: str = typer.Option(None, "--backend", help="nccl | gloo (default: nccl with GPUs)"),
+    steps: int = typer.Option(None, "--steps", help="optimizer steps"),
+    checkpoint_store: str = typer.Option(None, "--checkpoint-store", help="checkpoint store URI"),
+    run: str = typer.Option(None, "--run", help="run name in the store (resume continues it)"),
+    checkpoint_every: int = typer.Option(None, "--checkpoint-every", help="save every K steps"),
+    data: str = typer.Option(None, "--data", help="preprocessed shards (default: synthetic tokens)"),
+    max_restarts: int = RESTARTS_OPTION,
+    profile: str = PROFILE_OPTION,
+    overrides: list[str] = SET_OPTION,
+    log_dir: str = typer.Option(None, "--log-dir", help="launch.log and metrics.jsonl go here"),
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """Run the reference trainer under torchrun with the planned environment; stream its logs."""
+    from seedance_tasks.training import envvars
+    from seedance_tasks.training.launch import launch
+
+    printer = err_console if as_json else console
+    result = launch(
+        topology=_topology(topology, detect, 0),
+        nproc_per_node=nproc_per_node, nnodes=nnodes, rdzv_endpoint=rdzv_endpoint, backend=backend,
+        steps=steps, checkpoint_store=checkpoint_store, run=run, checkpoint_every=checkpoint_every, data=data,
+        max_restarts=max_restarts, profile=profile, overrides=envvars.parse_assignments(overrides),
+        log_dir=log_dir, on_line=lambda line: printer.print(line, markup=False, highlight=False),
+    )
+    result = {key: value for key, value in result.items() if key != "trajectory"}
+
+    def render(res: dict) -> None:
+        colour = "green" if res["ok"] else "red"
+        console.print(
+            f"[{colour}]{'finished' if res['ok'] else 'FAILED'}[/] exit {res['exit_code']}, "
+            f"{res['steps_completed']} steps, loss {res['first_loss']} -> {res['final_loss']}, "
+            f"{res['restarts']} restart(s), checkpoints {res['checkpoints']} in {res['checkpoint_store']} "
+            f"run {res['run']}"
+        )
+        if res["error"]:
+            console.print(f"[red]error:[/] {res['error']}", highlight=False)
+        console.print(f"log: {res['log']}\nmetrics: {res['metrics']}")
+
+    emit(result, as_json, render)
+    if not result["ok"]:
+        raise typer.Exit(1)
+
+
+@app.command("health")
+@handle_errors
+def health_command(
+    log: str = typer.Argument(..., help="NCCL_DEBUG=INFO log, PyTorch watchdog log or nccl-tests output"),
+    profile: str = typer.Option(None, "--profile", help="compare bandwidth with this profile's expectation"),
+    link: str = typer.Option(None, "--link", help="GPU link type for the expectation, e.g. NV18 (with --profile)"),
+    expected_busbw: float = typer.Option(None, "--expected-busbw", help="expected bus bandwidth, GB/s"),
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """Timeouts, channels, transports, algorithms, bandwidth, and a verdict with cause and fix."""
+    from pathlib import Path
+
+    from seedance_tasks.errors import UsageError
+    from seedance_tasks.training import health
+    from seedance_tasks.training.plan import load_profiles
+
+    path = Path(log)
+    if not path.is_file():
+        raise UsageError(f"log not found: {log}")
+    if expected_busbw is None and profile:
+        profiles = load_profiles()
+        if profile not in profiles:
+            raise UsageError(f"unknown NCCL profile {profile!r}", hint=f"choose one of: {', '.join(profiles)}")
+        figures = profiles[profile].expected_busbw_gbps
+        expected_busbw = figures.get(link) if link else (max(figures.values()) if figures else None)
+    result = health.report(path.read_text(errors="replace"), expected_busbw=expected_busbw)
+    result["log"] = str(path)
+
+    def render(res: dict) -> None:
+        if res["timeouts"]:
+            console.print(table("watchdog timeouts", ["rank", "op", "seq", "timeout ms", "ran ms"],
+                                [[t["rank"], t["op"], t["seq"], t["timeout_ms"], t["ran_ms"]] for t in res["timeouts"]]))
+        if res["channels"]:
+            console.print(table("channels", ["kind", "count"], sorted(res["channels"].items())))
+        if res["transports"]:
+            console.print(table("transports", ["via", "connections"], sorted(res["transports"].items())))
+        if res["algorithms"]:
+            console.print(f"algorithms logged: {', '.join(res['algorithms'])}")
+        if res["bandwidth"]:
+            bw = res["bandwidth"]
+            console.print(table("all_reduce_perf", ["size (B)", "algbw GB/s", "busbw GB/s"],
+                                [[r["size"], r["algbw"], r["busbw"]] for r in bw["rows"]]))
+        verdict = res["verdict"]
+        colour = {"ok": "green", "warning": "yellow", "failed": "red"}.get(verdict["status"], "white")
+        for finding in verdict["findings"]:
+            console.print(f"[{colour}]{finding['status']}[/]: {finding['cause']}\n  [dim]fix:[/] {finding['fix']}",
+                          highlight=False)
+
+    emit(result, as_json, render)
+
+
+@app.command("schedule")
+@handle_errors
+def schedule_command(
+    steps: int = typer.Option(None, "--steps", help="run length (default: training.steps)"),
+    world_size: int = typer.Option(2, "--world-size", help="ranks in the job"),
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """The batch-size schedule step by step: target batch, accumulation, realised batch, LR."""
+    from seedance_tasks.config import load_settings
+    from seedance_tasks.training import schedule
+
+    cfg = load_settings().training
+    run = schedule.RunSchedule.from_settings(cfg.schedule, steps or cfg.steps)
+    rows = schedule.table(run, world_size)
+    emit({"schedule": run.to_dict(), "world_size": world_size, "steps": rows}, as_json, lambda res: console.print(
+        table(f"batch schedule, world size {world_size}", ["step", "target", "accum", "global batch", "lr"],
+              [[r["step"], r["target_batch"], r["accumulation"], r["global_batch"], f"{r['lr']:.4g}"]
+               for r in res["steps"]])))

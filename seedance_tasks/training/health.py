@@ -11,6 +11,8 @@ import re
 from collections import Counter
 from typing import Any
 
+from seedance_tasks.training.launch import parse_failures
+
 _TIMEOUT_RE = re.compile(
     r"\[Rank (?P<rank>\d+)\] Watchdog caught collective operation timeout: WorkNCCL\("
     r"SeqNum=(?P<seq>\d+), OpType=(?P<op>\w+)(?:, NumelIn=(?P<numel>\d+))?.*?Timeout\(ms\)=(?P<timeout>\d+)\)"
@@ -51,6 +53,7 @@ _PERF_ROW_SHORT_RE = re.compile(
 _PERF_RANK_RE = re.compile(r"^#\s+Rank\s+(\d+)\s+Group")
 _AVG_BUSBW_RE = re.compile(r"#\s*Avg bus bandwidth\s*:\s*([\d.]+)")
 _FORCED_RE = re.compile(r"\b(NCCL_ALGO|NCCL_PROTO)=(\S+)")
+_LAUNCH_RE = re.compile(r"^\$ .*torch\.distributed\.run")  # the header `seedance train launch` writes
 _SATURATION_BYTES = 256 * 1024**2  # all_reduce busbw keeps rising below this on NVLink machines
 
 
@@ -125,6 +128,7 @@ def parse_nccl_log(text: str) -> dict[str, Any]:
             warnings.append(match.group(1).strip())
         for name, value in _FORCED_RE.findall(line):
             forced[name] = value
+    failures = parse_failures(text.splitlines())
     if ring_channels and "coll" not in channels:
         channels["coll"] = ring_channels
     return {
@@ -140,6 +144,7 @@ def parse_nccl_log(text: str) -> dict[str, Any]:
         "comms": {str(rank): info for rank, info in sorted(comms.items())},
         "init_complete": init_complete,
         "nccl_warnings": warnings,
+        "failures": failures,
     }
 
 
@@ -196,6 +201,17 @@ def _verdict(log: dict[str, Any], perf: dict[str, Any], expected_busbw: float | 
     def add(status: str, cause: str, fix: str) -> None:
         findings.append({"status": status, "cause": cause, "fix": fix})
 
+    for failure in log["failures"][:1]:
+        where = f"rank {failure['rank']} (local rank {failure['local_rank']}" + (
+            f" on {failure['host']})" if failure.get("host") else ")")
+        how = failure.get("signal") or f"exit code {failure.get('exitcode')}"
+        detail = (failure.get("error") or "").strip().splitlines()
+        if failure.get("signal") == "SIGKILL":
+            fix = ("the process was killed from outside: check the kernel's OOM killer (dmesg, cgroup memory "
+                   "limits), preemption by the scheduler, or an operator; a restart resumes from the checkpoint")
+        else:
+            fix = f"read rank {failure['rank']}'s traceback in the log; the other ranks only lost their peer"
+        add("failed", f"{where} failed: {how}" + (f": {detail[-1].strip()}" if detail else ""), fix)
     timeouts = log["timeouts"]
     if log["desync"] and log["desync"]["ranks"]:
         lagging = ", ".join(
@@ -276,9 +292,13 @@ def _verdict(log: dict[str, Any], perf: dict[str, Any], expected_busbw: float | 
 def report(text: str, *, expected_busbw: float | None = None) -> dict[str, Any]:
     """The health report of one log: `timeouts`, `channels`, `transports`, `algorithms`, `bandwidth`
     (nccl-tests rows, when present) and a `verdict` {status, cause, fix, findings}."""
+    launches = [i for i, line in enumerate(text.splitlines()) if _LAUNCH_RE.match(line)]
+    if len(launches) > 1:  # a relaunch appends to the run's log: judge its last launch
+        text = "\n".join(text.splitlines()[launches[-1]:])
     log = parse_nccl_log(text)
     perf = parse_nccl_tests(text)
     return {
+        "launches": len(launches) or None,
         "timeouts": log["timeouts"],
         "watchdog_work": log["watchdog_work"],
         "desync": log["desync"],
@@ -289,6 +309,7 @@ def report(text: str, *, expected_busbw: float | None = None) -> dict[str, Any]:
         "comms": log["comms"],
         "init_complete": log["init_complete"],
         "nccl_warnings": log["nccl_warnings"],
+        "failures": log["failures"],
         "bandwidth": {
             "rows": [
                 {"size": row["size"], "algbw": row["out_of_place"]["algbw"], "busbw": row["out_of_place"]["busbw"],

@@ -8,7 +8,8 @@ micro-batch, rank), deterministic algorithms, and the optimizer state saved with
 
 `python -m seedance_tasks.training.trainer --job job.json` (launch writes the job file). Test
 hook: `SEEDANCE_TRAIN_FAIL_AT_STEP=N` makes rank `SEEDANCE_TRAIN_FAIL_RANK` (default: the last)
-SIGKILL itself after step N on the first attempt (`TORCHELASTIC_RESTART_COUNT=0`).
+SIGKILL itself after step N on the first attempt (`TORCHELASTIC_RESTART_COUNT=0`);
+`SEEDANCE_TRAIN_HANG_AT_STEP=N` makes it hang there instead.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from seedance_tasks.training.plan import apply_rank_binding
 
 FAIL_AT_ENV = "SEEDANCE_TRAIN_FAIL_AT_STEP"
 FAIL_RANK_ENV = "SEEDANCE_TRAIN_FAIL_RANK"
+HANG_AT_ENV = "SEEDANCE_TRAIN_HANG_AT_STEP"
 
 
 class Block(nn.Module):
@@ -60,6 +62,8 @@ class TinyGPT(nn.Module):
         self.pos = nn.Embedding(seq_len, d_model)
         self.blocks = nn.ModuleList(Block(d_model, n_heads) for _ in range(n_layers))
         self.ln = nn.LayerNorm(d_model)
+        for embedding in (self.tok, self.pos):
+            nn.init.normal_(embedding.weight, std=0.02)
         self.register_buffer("mask", torch.triu(torch.ones(seq_len, seq_len, dtype=torch.bool), 1), persistent=False)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -86,20 +90,55 @@ def synthetic_tokens(seed: int, step: int, index: int, micro_batch: int, seq_len
     return tokens
 
 
+def sample_tokens(sample: dict[str, Any], length: int, vocab: int) -> torch.Tensor:
+    """`length` tokens of one preprocessed sample: its text (UTF-8 bytes) if it has one, else its
+    image pixels, each byte mapped onto the vocabulary (`byte * vocab // 256`); cycled if short."""
+    text = next((sample[key] for key in ("txt", "text", "caption") if isinstance(sample.get(key), str)), None)
+    if text:
+        raw = torch.tensor(list(text.encode("utf-8")), dtype=torch.long)
+    else:
+        image = torch.as_tensor(sample["image"])  # uint8 (3, size, size)
+        raw = image.reshape(-1).to(torch.long)
+    if raw.numel() == 0:
+        raw = torch.zeros(1, dtype=torch.long)
+    repeats = -(-length // raw.numel())
+    return (raw.repeat(repeats)[:length] * vocab) // 256
+
+
 class ShardTokens:
-    """Micro-batches of tokens from preprocessed shards (`--data`), read in a fixed order."""
+    """Micro-batches from preprocessed WebDataset shards (`--data`), through the preprocessing
+    pipeline's `ShardDataset`: this rank's shards in a fixed order, epoch after epoch, so a resumed
+    run sees exactly the samples the uninterrupted run saw (it skips the ones already consumed)."""
 
-    def __init__(self, uri: str, micro_batch: int, seq_len: int, vocab: int) -> None:
-        from seedance_tasks import preprocess
+    def __init__(self, uri: str, micro_batch: int, seq_len: int, vocab: int, rank: int, world: int,
+                 image_size: int = 32) -> None:
+        from seedance_tasks.preprocess import ShardDataset
 
-        loader = getattr(preprocess, "token_stream", None)
-        if loader is None:
-            raise RuntimeError("--data needs seedance_tasks.preprocess.token_stream, which this build lacks")
-        self.stream = loader(uri)
-        self.micro_batch, self.seq_len, self.vocab = micro_batch, seq_len, vocab
+        self.dataset = ShardDataset(uri, size=image_size, io_workers=1, cpu_workers=1, shuffle=False,
+                                    rank=rank, world_size=world)
+        if not self.dataset.shards_for_this_reader():
+            raise RuntimeError(f"{uri}: rank {rank} of {world} has no shard to read; use fewer ranks or more shards")
+        self.micro_batch, self.length, self.vocab = micro_batch, seq_len + 1, vocab
+        self._iterator = None
+        self.epoch = 0
 
-    def batch(self, step: int, index: int) -> torch.Tensor:  # pragma: no cover - depends on preprocess
-        raise NotImplementedError
+    def _next_sample(self) -> dict[str, Any]:
+        for _attempt in range(2):
+            if self._iterator is None:
+                self._iterator = iter(self.dataset)
+            try:
+                return next(self._iterator)
+            except StopIteration:
+                self._iterator, self.epoch = None, self.epoch + 1
+        raise RuntimeError(f"{self.dataset.source}: no readable sample for this rank")
+
+    def skip(self, samples: int) -> None:
+        for _ in range(samples):
+            self._next_sample()
+
+    def batch(self) -> torch.Tensor:
+        return torch.stack([sample_tokens(self._next_sample(), self.length, self.vocab)
+                            for _ in range(self.micro_batch)])
 
 
 def _log(rank: int, message: str) -> None:
@@ -134,7 +173,9 @@ def main(argv: list[str] | None = None) -> int:
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     _log(rank, f"start: world={world} backend={backend} device={device} attempt={attempt} binding={binding}")
 
-    torch.use_deterministic_algorithms(True)
+    if device.type == "cuda":
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # cuBLAS determinism needs it
+    torch.use_deterministic_algorithms(True, warn_only=device.type == "cuda")
     model_cfg, sched = job["model"], batch_schedule.RunSchedule(**job["schedule"])
     torch.manual_seed(job["seed"])
     model = TinyGPT(**model_cfg).to(device)
@@ -160,9 +201,13 @@ def main(argv: list[str] | None = None) -> int:
     if rank == 0:
         _metrics_line(metrics, {"event": "start", "attempt": attempt, "world": world, "resumed_from": start})
 
-    data = ShardTokens(job["data"], sched.micro_batch, model_cfg["seq_len"], model_cfg["vocab_size"]) \
-        if job.get("data") else None
+    data = None
+    if job.get("data"):
+        data = ShardTokens(job["data"], sched.micro_batch, model_cfg["seq_len"], model_cfg["vocab_size"], rank, world)
+        consumed = sum(batch_schedule.plan_step(step, sched, world).accumulation for step in range(start))
+        data.skip(consumed * sched.micro_batch)  # resume at the sample the interrupted run was at
     fail_at = int(os.environ.get(FAIL_AT_ENV, "-1"))
+    hang_at = int(os.environ.get(HANG_AT_ENV, "-1"))
     fail_rank = int(os.environ.get(FAIL_RANK_ENV, str(world - 1)))
     every, steps = int(job.get("checkpoint_every") or 0), int(job["steps"])
     loss_fn = nn.CrossEntropyLoss()
@@ -176,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
         for micro in range(plan.accumulation):
             index = micro * world + rank  # the global micro-batch slot this rank fills
             if data is not None:
-                tokens = data.batch(step, index)
+                tokens = data.batch()
             else:
                 tokens = synthetic_tokens(job["seed"], step, index, sched.micro_batch,
                                           model_cfg["seq_len"], model_cfg["vocab_size"])
@@ -215,6 +260,10 @@ def main(argv: list[str] | None = None) -> int:
         if done == fail_at and rank == fail_rank and attempt == 0:
             _log(rank, f"{FAIL_AT_ENV}={fail_at}: killing myself with SIGKILL")
             os.kill(os.getpid(), signal.SIGKILL)
+        if done == hang_at and rank == fail_rank and attempt == 0:
+            _log(rank, f"{HANG_AT_ENV}={hang_at}: hanging (the other ranks wait in the next collective)")
+            while True:
+                time.sleep(60)
     if rank == 0:
         _metrics_line(metrics, {"event": "finish", "steps": steps})
     _log(rank, "finished")

@@ -1,0 +1,142 @@
+"""The training DAG's task bodies: read params, call the library, return a small summary."""
+
+from __future__ import annotations
+
+import logging
+import re
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from seedance_tasks.errors import UsageError
+
+log = logging.getLogger("seedance.training")
+
+
+def _topology(value: str | None):
+    from seedance_tasks.training import topology
+
+    if not value:
+        return None
+    if value == "detect":
+        return topology.detect()
+    path = Path(value)
+    if not path.is_file():
+        raise UsageError(f"topology file not found: {value}", hint="a saved `nvidia-smi topo -m`, or `detect`")
+    return topology.parse_topology(path.read_text(errors="replace"), str(path))
+
+
+def _run_name(params: dict, run_id: str | None) -> str | None:
+    if params.get("run"):
+        return params["run"]
+    if not run_id:
+        return None
+    return "dag-" + re.sub(r"[^A-Za-z0-9_.-]+", "-", run_id).strip("-.")
+
+
+def plan_task(params: dict, run_id: str | None = None) -> dict:
+    """The launch plan (profile, env, ranks, command) plus where this run's logs and checkpoints go."""
+    from seedance_tasks.config import load_settings
+    from seedance_tasks.training.plan import make_plan
+
+    settings = load_settings()
+    cfg = settings.training
+    nnodes = int(params.get("nnodes") or cfg.nnodes)
+    plan = make_plan(
+        _topology(params.get("topology")),
+        nodes=nnodes,
+        nproc_per_node=int(params.get("nproc_per_node") or cfg.nproc_per_node),
+        profile=params.get("profile") or cfg.profile,
+        overrides=params.get("overrides") or {},
+        backend=params.get("backend") or cfg.backend,
+        nccl_debug=cfg.nccl_debug,
+        max_restarts=int(params.get("max_restarts") or 0),
+        rdzv_endpoint=params.get("rdzv_endpoint") or None,
+        profiles_file=cfg.profiles_file,
+    )
+    store = params.get("checkpoint_store") or cfg.checkpoint_store or settings.checkpoint.store
+    run = _run_name(params, run_id) if store else None
+    base = params.get("log_dir") or cfg.log_dir
+    # one folder per training run: a retry of this DAG run appends to the same metrics and log
+    log_dir = Path(base) / (run or _run_name({}, run_id) or "run") if base else Path(
+        tempfile.mkdtemp(prefix="seedance-train-"))
+    for warning in plan["warnings"]:
+        log.warning("%s", warning)
+    log.info("profile %s (%s); env %s", plan["profile"]["name"], plan["profile"]["why"], plan["env"])
+    return {
+        "profile": plan["profile"]["name"],
+        "why": plan["profile"]["why"],
+        "expected_busbw_gbps": plan["profile"]["expected_busbw_gbps"],
+        "backend": plan["backend"],
+        "nproc_per_node": plan["nproc_per_node"],
+        "nnodes": nnodes,
+        "env": plan["env"],
+        "warnings": plan["warnings"],
+        "command": " ".join(plan["command"]),
+        "checkpoint_store": store,
+        "run": run,
+        "log_dir": str(log_dir.resolve()),
+    }
+
+
+def launch_task(planned: dict, params: dict) -> dict:
+    """Run the job, streaming its output into the task log; raise (fail the task) if it fails."""
+    from seedance_tasks.training.launch import launch
+
+    result = launch(
+        topology=_topology(params.get("topology")),
+        nproc_per_node=int(params.get("nproc_per_node") or 0) or planned["nproc_per_node"],
+        nnodes=planned["nnodes"],
+        rdzv_endpoint=params.get("rdzv_endpoint") or None,
+        backend=planned["backend"],
+        steps=params.get("steps") or None,
+        checkpoint_store=planned["checkpoint_store"],
+        run=planned["run"],
+        checkpoint_every=params.get("checkpoint_every"),
+        data=params.get("data") or None,
+        max_restarts=int(params.get("max_restarts") or 0),
+        profile=planned["profile"],
+        overrides=params.get("overrides") or {},
+        log_dir=planned["log_dir"],
+        on_line=lambda line: log.info("%s", line),
+    )
+    summary = _summary(result)
+    if not result["ok"]:
+        raise RuntimeError(f"training job failed: {result['error']} (log: {result['log']})")
+    return summary
+
+
+def _summary(result: dict[str, Any]) -> dict:
+    keys = ("ok", "exit_code", "error", "restarts", "steps_completed", "first_loss", "final_loss", "checkpoints",
+            "run", "checkpoint_store", "profile", "backend", "nproc_per_node", "nnodes", "log", "metrics", "seconds")
+    return {key: result.get(key) for key in keys}
+
+
+def health_task(planned: dict) -> dict:
+    """The health report of the job's log (also after a failed launch: that is when it matters)."""
+    from seedance_tasks.training import health
+
+    path = Path(planned["log_dir"]) / "launch.log"
+    if not path.is_file():
+        return {"log": str(path), "verdict": {"status": "unknown", "cause": "no launch log", "fix": "see launch"}}
+    report = health.report(path.read_text(errors="replace"), expected_busbw=planned.get("expected_busbw_gbps"))
+    verdict = report["verdict"]
+    log.info("health: %s: %s (fix: %s)", verdict["status"], verdict["cause"], verdict["fix"])
+    return {
+        "log": str(path),
+        "verdict": verdict,
+        "timeouts": report["timeouts"][:20],
+        "channels": report["channels"],
+        "transports": report["transports"],
+        "algorithms": report["algorithms"],
+    }
+
+
+def checkpoints_task(launched: dict) -> dict:
+    """Announce the run's new checkpoints (the Asset event); skipped when it saved none."""
+    from airflow.sdk.exceptions import AirflowSkipException
+
+    if not launched or not launched.get("checkpoints"):
+        raise AirflowSkipException("the job saved no checkpoints")
+    return {"checkpoint_store": launched["checkpoint_store"], "run": launched["run"],
+            "steps": launched["checkpoints"], "latest": max(launched["checkpoints"])}

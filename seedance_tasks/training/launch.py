@@ -1,0 +1,369 @@
+"""Run torchrun with a plan's environment and the reference trainer; stream logs; report the outcome.
+
+The job runs in its own process group, so a failure, a timeout or an interrupt of the caller
+takes every worker down with it (TERM, then KILL). The result says how it ended: exit status,
+the failing rank and its error (from torchrun's failure summary), restarts, the loss trajectory
+(metrics written by rank 0) and the checkpoints saved.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from seedance_tasks.training.plan import RANKS_ENV
+
+JOB_TOKEN_ENV = "SEEDANCE_TRAIN_JOB"
+_EXIT_GRACE_S = 3.0
+_REPO = Path(__file__).resolve().parents[2]
+_RANK_RE = re.compile(r"^\s*rank\s*:\s*(\d+) \(local_rank: (\d+)\)")
+_EXIT_RE = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)")
+_HOST_RE = re.compile(r"^\s*host\s*:\s*(\S+)")
+_TRACE_RE = re.compile(r"^\s*(?:traceback|error_file)\s*:\s*(.*)$")
+_PEER_LOST_RE = re.compile(
+    r"Connection (reset|closed) by peer|remote worker|NCCL communicator was aborted|Broken pipe", re.IGNORECASE
+)
+_RESTART_RE = re.compile(r"will restart worker group|Restarting worker group|restart_count=\d+")
+
+
+def parse_failures(lines: list[str]) -> list[dict[str, Any]]:
+    """The failed ranks of torchrun's ChildFailedError summary ("Root Cause" first)."""
+    failures: list[dict[str, Any]] = []
+    current: dict[str, Any] | None = None
+    in_root = False
+    host = None  # torchrun prints a failure's host before its rank
+    for line in lines:
+        if "Root Cause" in line:
+            in_root = True
+        if match := _HOST_RE.match(line):
+            host = match.group(1)
+            continue
+        if match := _RANK_RE.match(line):
+            current = {"rank": int(match.group(1)), "local_rank": int(match.group(2)), "error": [],
+                       "root_cause": in_root, "host": host}
+            failures.append(current)
+            continue
+        if current is None:
+            continue
+        if match := _EXIT_RE.match(line):
+            current["exitcode"] = int(match.group(1))
+            if current["exitcode"] < 0:
+                try:
+                    current["signal"] = signal.Signals(-current["exitcode"]).name
+                except ValueError:
+                    pass
+        elif match := _TRACE_RE.match(line):
+            if match.group(1).strip() not in ("", "<N/A>"):
+                current["error"].append(match.group(1).strip())
+        elif line.startswith("=") or line.startswith("---"):
+            current = None
+        elif current["error"] and line.strip():
+            current["error"].append(line.rstrip())
+    for failure in failures:
+        text = [item for item in failure.pop("error") if item]
+        failure["error"] = "\n".join(text[-12:]) if text else None
+    unique: dict[tuple[int, int], dict[str, Any]] = {}
+    for failure in sorted(failures, key=lambda item: not item["root_cause"]):
+        unique.setdefault((failure["rank"], failure.get("exitcode", 0)), failure)
+    found = list(unique.values())
+    for failure in found:  # a rank that only lost its peer is a consequence, not the cause
+        failure["secondary"] = bool(failure["error"] and _PEER_LOST_RE.search(failure["error"]))
+    primary = [item for item in found if not item["secondary"] and item.get("exitcode") != -signal.SIGTERM]
+    if primary and found[0] not in primary:
+        for item in found:
+            item["root_cause"] = item is primary[0]
+        found.sort(key=lambda item: not item["root_cause"])
+    return found
+
+
+def read_metrics(path: str | Path) -> dict[str, Any]:
+    """rank 0's metrics file -> the loss trajectory (last record of each step wins: a resumed run
+    recomputes the steps after its checkpoint), the checkpoints and the attempts."""
+    path = Path(path)
+    steps: dict[int, dict[str, Any]] = {}
+    checkpoints, starts = [], []
+    if path.exists():
+        for line in path.read_text().splitlines():
+            if not line.strip():
+                continue
+            item = json.loads(line)
+            if "event" not in item:
+                steps[item["step"]] = item
+            elif item["event"] == "checkpoint":
+                checkpoints.append(item["step"])
+            elif item["event"] == "start":
+                starts.append({"attempt": item["attempt"], "world": item["world"], "resumed_from": item["resumed_from"]})
+    ordered = [steps[key] for key in sorted(steps)]
+    return {
+        "losses": [item["loss"] for item in ordered],
+        "trajectory": ordered,
+        "checkpoints": sorted(set(checkpoints)),
+        "starts": starts,
+    }
+
+
+def run_torchrun(
+    plan: dict[str, Any],
+    job: dict[str, Any],
+    log_dir: str | Path,
+    *,
+    on_line: Callable[[str], None] | None = None,
+    hang_timeout: float = 0,
+    extra_env: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """Run the plan's torchrun command for `job` (steps, schedule, model, checkpoints...), with the
+    plan's environment; stream every output line to `log_dir/launch.log` and `on_line`.
+
+    Returns {ok, exit_code, failures, restarts, hung, steps_completed, final_loss, losses,
+    checkpoints, log, metrics}. Kills the whole process group on exit, error or hang.
+    """
+    log_dir = Path(log_dir)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    job = dict(job)
+    job.setdefault("metrics", str(log_dir / "metrics.jsonl"))
+    job_path = log_dir / "job.json"
+    job_path.write_text(json.dumps(job, indent=2))
+    command = [sys.executable, "-m", "torch.distributed.run", *plan["command"][1:], "--job", str(job_path)]
+    env = dict(os.environ)
+    env.update(plan["env"])
+    env[RANKS_ENV] = json.dumps(plan["ranks"])
+    env["PYTHONUNBUFFERED"] = "1"
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_REPO), env.get("PYTHONPATH")]))
+    env.update(extra_env or {})
+    job_token = uuid.uuid4().hex
+    env[JOB_TOKEN_ENV] = job_token  # marks every process of this job, even ones torchrun loses track of
+    log_path = log_dir / "launch.log"
+    lines: list[str] = []
+    restarts = 0
+    hung = False
+    started = time.monotonic()
+    with log_path.open("a") as log:
+        log.write(f"$ {' '.join(command)}\n")
+        process = subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+            start_new_session=True, bufsize=1,
+        )
+        lines_queue: queue.Queue[str | None] = queue.Queue()
+
+        def pump() -> None:
+            assert process.stdout is not None
+            for line in process.stdout:
+                lines_queue.put(line)
+            lines_queue.put(None)
+
+        reader = threading.Thread(target=pump, daemon=True)
+        reader.start()
+        last_output = time.monotonic()
+        try:
+            while True:
+                try:
+                    line = lines_queue.get(timeout=1.0)
+                except queue.Empty:
+                    if process.poll() is not None and time.monotonic() - last_output > _EXIT_GRACE_S:
+                        break  # torchrun is gone; whatever still holds the pipe is an orphan
+                    if hang_timeout and time.monotonic() - last_output > hang_timeout:
+                        hung = True
+                        message = f"[seedance] no output for {hang_timeout:g} s: killing the job as hung"
+                        log.write(message + "\n")
+                        if on_line:
+                            on_line(message)
+                        break
+                    continue
+                if line is None:
+                    break
+                last_output = time.monotonic()
+                line = line.rstrip("\n")
+                lines.append(line)
+                log.write(line + "\n")
+                log.flush()
+                if _RESTART_RE.search(line):
+                    restarts += 1
+                if on_line:
+                    on_line(line)
+        finally:
+            _stop(process)
+            _kill_marked(job_token)
+            reader.join(timeout=5)
+    exit_code = process.returncode if not hung else 124
+    metrics = read_metrics(job["metrics"])
+    failures = parse_failures(lines) if exit_code != 0 else []
+    losses = metrics["losses"]
+    error = None
+    if hung:
+        error = f"no output for {hang_timeout:g} s: the job was killed as hung"
+    elif failures:
+        first = failures[0]
+        reason = first.get("signal") or f"exit code {first.get('exitcode')}"
+        detail = (first.get("error") or "").strip().splitlines()
+        error = f"rank {first['rank']} (local rank {first['local_rank']}) failed: {reason}" + (
+            f": {detail[-1].strip()}" if detail else "")
+    elif exit_code != 0:
+        error = f"torchrun exited with {exit_code}"
+    return {
+        "ok": exit_code == 0 and not hung,
+        "exit_code": exit_code,
+        "hung": hung,
+        "failures": failures,
+        "error": error,
+        "restarts": max(restarts, max(0, len(metrics["starts"]) - 1)),
+        "steps_completed": len(losses),
+        "final_loss": losses[-1] if losses else None,
+        "first_loss": losses[0] if losses else None,
+        "losses": losses,
+        "checkpoints": metrics["checkpoints"],
+        "starts": metrics["starts"],
+        "seconds": round(time.monotonic() - started, 1),
+        "log": str(log_path),
+        "metrics": job["metrics"],
+        "command": command,
+        "pgid": process.pid,
+        "job_token": job_token,
+    }
+
+
+def _marked_pids(token: str) -> list[int]:
+    """Processes of this user whose environment carries this job's token (Linux /proc)."""
+    needle = f"{JOB_TOKEN_ENV}={token}".encode()
+    found = []
+    for entry in Path("/proc").iterdir() if Path("/proc").is_dir() else []:
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if needle in (entry / "environ").read_bytes().split(b"\0"):
+                found.append(int(entry.name))
+        except OSError:  # gone, or another user's
+            continue
+    return found
+
+
+def _kill_marked(token: str) -> list[int]:
+    """SIGKILL every process left over from this job: torchrun runs workers in their own process
+    groups, and their children (data-loading pools) can outlive a killed worker."""
+    killed = []
+    for pid in _marked_pids(token):
+        try:
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+        except (ProcessLookupError, PermissionError):
+            pass
+    return killed
+
+
+def _stop(process: subprocess.Popen, grace_s: float = 10) -> None:
+    """End the job's whole process group: TERM, then KILL whatever is left."""
+    pgid = process.pid  # start_new_session: the job leads its own process group
+    if process.poll() is None:
+        try:
+            os.killpg(pgid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        try:
+            process.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            pass
+    try:  # workers orphaned by a dead agent are still in the group
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    if process.poll() is None:
+        process.wait(grace_s)
+
+
+def launch(
+    *,
+    topology=None,
+    nproc_per_node: int | None = None,
+    nnodes: int | None = None,
+    rdzv_endpoint: str | None = None,
+    backend: str | None = None,
+    steps: int | None = None,
+    checkpoint_store: str | None = None,
+    run: str | None = None,
+    checkpoint_every: int | None = None,
+    data: str | None = None,
+    max_restarts: int | None = None,
+    profile: str | None = None,
+    overrides: dict[str, object] | None = None,
+    log_dir: str | Path | None = None,
+    schedule: dict[str, Any] | None = None,
+    on_line: Callable[[str], None] | None = None,
+    extra_env: dict[str, str] | None = None,
+    settings=None,
+) -> dict[str, Any]:
+    """Plan (from `topology`, or a CPU/gloo plan without one) and run the reference trainer.
+
+    Arguments left None come from the `training:` settings. Returns the plan's summary (profile,
+    env, command) and the run's outcome (see `run_torchrun`), with `run` and `checkpoint_store`.
+    """
+    import tempfile
+
+    from seedance_tasks import storage
+    from seedance_tasks.config import load_settings
+    from seedance_tasks.errors import UsageError
+    from seedance_tasks.training import schedule as batch_schedule
+    from seedance_tasks.training.plan import make_plan
+
+    settings = settings or load_settings()
+    cfg = settings.training
+    max_restarts = cfg.max_restarts if max_restarts is None else max_restarts
+    steps = steps or cfg.steps
+    checkpoint_store = checkpoint_store or cfg.checkpoint_store or settings.checkpoint.store
+    if run and not checkpoint_store:
+        raise UsageError("--run needs a checkpoint store", hint="pass --checkpoint-store or set checkpoint.store")
+    if checkpoint_store and not run:
+        run = f"train-{storage.new_run_id()}"
+    if data:
+        from seedance_tasks.shards.index import resolve_shards
+
+        resolve_shards(data)  # a missing or unreadable shard set fails here, not in every rank
+    plan = make_plan(
+        topology,
+        nodes=nnodes or cfg.nnodes,
+        nproc_per_node=nproc_per_node if nproc_per_node is not None else cfg.nproc_per_node,
+        profile=profile or cfg.profile,
+        overrides=overrides,
+        backend=backend or cfg.backend,
+        nccl_debug=cfg.nccl_debug,
+        max_restarts=max_restarts,
+        rdzv_endpoint=rdzv_endpoint,
+        profiles_file=cfg.profiles_file,
+    )
+    sched = batch_schedule.RunSchedule.from_settings(cfg.schedule, steps, **(schedule or {}))
+    job = {
+        "backend": plan["backend"],
+        "steps": steps,
+        "seed": cfg.seed,
+        "model": cfg.model.model_dump(),
+        "schedule": sched.to_dict(),
+        "collective_timeout": cfg.collective_timeout,
+        "checkpoint_store": checkpoint_store,
+        "run": run,
+        "checkpoint_every": cfg.checkpoint_every if checkpoint_every is None else checkpoint_every,
+        "data": data,
+    }
+    log_dir = Path(log_dir or cfg.log_dir or tempfile.mkdtemp(prefix="seedance-train-"))
+    if cfg.log_dir and not log_dir.is_absolute():
+        log_dir = log_dir.resolve()
+    result = run_torchrun(plan, job, log_dir, on_line=on_line, hang_timeout=cfg.hang_timeout, extra_env=extra_env)
+    return {
+        **result,
+        "run": run,
+        "checkpoint_store": checkpoint_store,
+        "profile": plan["profile"]["name"],
+        "backend": plan["backend"],
+        "nproc_per_node": plan["nproc_per_node"],
+        "nnodes": plan["nodes"],
+        "env": plan["env"],
+        "expected_busbw_gbps": plan["profile"]["expected_busbw_gbps"],
+    }

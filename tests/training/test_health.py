@@ -1,0 +1,143 @@
+"""Log parsing on every log sample: timeouts, desync, channels, transports, nccl-tests bandwidth, verdicts."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from seedance_tasks.cli import app
+from seedance_tasks.training import health
+from tests.conftest import DATA
+
+LOGS = DATA / "training" / "logs"
+
+
+def report(name: str, **kwargs):
+    return health.report((LOGS / name).read_text(), **kwargs)
+
+
+def test_every_log_sample_is_covered_here():
+    covered = {
+        "nccl_info_2gpu_single_node_rings_trees_nccl1358.log", "nccl_info_2node_ib_gdrdma_init_complete_nccl429.log",
+        "nccl_info_8gpu_pcie_p2p_and_shm_nccl1027.log", "nccl_tests_all_reduce_perf_header_8x4090_tree_nccl1530.txt",
+        "nccl_tests_all_reduce_perf_rows_mooncake3484.txt", "torch_watchdog_desync_report_stas00.log",
+        "torch_watchdog_timeout_default_10min_basicsr737.log",
+    }
+    assert {path.name for path in LOGS.iterdir()} == covered
+
+
+def test_watchdog_timeout_default_ten_minutes():
+    r = report("torch_watchdog_timeout_default_10min_basicsr737.log")
+    assert r["timeouts"] == [
+        {"rank": 1, "op": "ALLREDUCE", "seq": 808, "timeout_ms": 600000, "ran_ms": 600020, "numel": 9801523},
+        {"rank": 0, "op": "ALLREDUCE", "seq": 808, "timeout_ms": 600000, "ran_ms": 600030, "numel": 9801523},
+        {"rank": 2, "op": "ALLREDUCE", "seq": 808, "timeout_ms": 600000, "ran_ms": 600061, "numel": 9801523},
+    ]
+    assert {item["last_completed"] for item in r["watchdog_work"]} == {807}
+    verdict = r["verdict"]
+    assert verdict["status"] == "failed"
+    assert "same collective" in verdict["cause"] and "seq 808" in verdict["cause"]
+    assert "collective_timeout" in verdict["fix"]  # the 10-minute default is called out
+
+
+def test_desync_report_names_the_lagging_rank():
+    r = report("torch_watchdog_desync_report_stas00.log")
+    assert r["timeouts"] == [{"rank": 0, "op": "ALLREDUCE", "seq": 2, "timeout_ms": 8000, "ran_ms": 8097, "numel": 4}]
+    assert r["desync"]["ranks"] == [{"rank": 1, "finished": 2, "missing": 3}]
+    assert r["verdict"]["status"] == "failed"
+    assert "rank 1" in r["verdict"]["cause"] and "desync" in r["verdict"]["cause"]
+
+
+def test_single_node_rings_and_trees():
+    r = report("nccl_info_2gpu_single_node_rings_trees_nccl1358.log")
+    assert r["channels"] == {"coll": 2}
+    assert r["algorithms"] == ["ring", "tree"]
+    assert r["transports"] == {"P2P/direct pointer": 1}
+    assert r["comms"] == {"0": {"nranks": 2, "nnodes": 1}, "1": {"nranks": 2, "nnodes": 1}}
+    assert r["timeouts"] == [] and r["verdict"]["status"] == "ok"
+
+
+def test_multi_node_ib_gdrdma_channel_summary():
+    r = report("nccl_info_2node_ib_gdrdma_init_complete_nccl429.log")
+    assert r["channels"] == {"coll": 6, "p2p": 8, "p2p_per_peer": 1}
+    assert r["transports"] == {"NET/IB/GDRDMA": 3, "P2P/direct pointer": 3}
+    assert r["init_complete"] == 2
+    assert r["verdict"]["status"] == "ok"
+
+
+def test_pcie_shm_between_sockets():
+    r = report("nccl_info_8gpu_pcie_p2p_and_shm_nccl1027.log")
+    assert r["transports"] == {"P2P/direct pointer": 3, "P2P/direct pointer/read": 3, "SHM/direct/direct": 1}
+    assert r["channels"] == {"coll": 2}
+    shm = [item for item in r["verdict"]["findings"] if "SHM" in item["cause"]]
+    assert shm and "3->4" in shm[0]["cause"]
+
+
+def test_nccl_tests_rows_and_bandwidth_comparison():
+    r = report("nccl_tests_all_reduce_perf_rows_mooncake3484.txt", expected_busbw=360)
+    bw = r["bandwidth"]
+    assert len(bw["rows"]) == 11
+    assert bw["rows"][0] == {"size": 32768, "algbw": 1.76, "busbw": 3.07, "busbw_in_place": 3.2}
+    assert bw["peak_busbw"] == 300.52
+    assert bw["ranks"] == 8  # inferred from busbw/algbw = 2(n-1)/n = 1.75
+    assert "not saturated" in r["verdict"]["cause"]  # the sweep stops at 32 MiB
+
+
+def test_nccl_tests_full_sweep_compared_with_expected():
+    rows = (LOGS / "nccl_tests_all_reduce_perf_rows_mooncake3484.txt").read_text().splitlines()[1:]
+    big = "  1073741824     268435456     float     sum      -1   4500.0  238.61  417.57       0   4490.0  239.14  418.50       0"
+    text = "\n".join([*rows, big])
+    good = health.report(text, expected_busbw=450)
+    assert good["verdict"]["status"] == "ok" and "93%" in good["verdict"]["cause"]
+    slow = health.report(text, expected_busbw=600)
+    assert slow["verdict"]["status"] == "warning" and "70%" in slow["verdict"]["cause"]
+
+
+def test_nccl_tests_header_with_forced_algorithm():
+    r = report("nccl_tests_all_reduce_perf_header_8x4090_tree_nccl1530.txt")
+    assert r["bandwidth"]["rows"] == [{"size": 8, "algbw": 0.0, "busbw": 0.0}]
+    assert r["bandwidth"]["ranks"] == 8
+    assert r["forced"] == {"NCCL_ALGO": "TREE"}
+    assert r["verdict"]["status"] == "warning" and "NCCL_ALGO=TREE" in r["verdict"]["cause"]
+
+
+@pytest.mark.parametrize("name", ["torch_watchdog_desync_report_stas00.log", "nccl_info_2gpu_single_node_rings_trees_nccl1358.log"])
+def test_cli_health_json(name):
+    result = CliRunner().invoke(app, ["train", "health", str(LOGS / name), "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    for key in ("timeouts", "channels", "transports", "verdict"):
+        assert key in data
+
+
+def test_quiet_log_is_unknown():
+    assert health.report("[rank0] step 1/4 loss 4.1\n")["verdict"]["status"] == "unknown"
+
+
+FAILURE = """$ /venv/bin/python -m torch.distributed.run --nproc-per-node=2 -m seedance_tasks.training.trainer
+[rank0] step 1/4 loss 4.1
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-11-29_09:16:27
+  host      : node7
+  rank      : 1 (local_rank: 1)
+  exitcode  : -9 (pid: 14226)
+  error_file: <N/A>
+  traceback : Signal 9 (SIGKILL) received by PID 14226
+============================================================
+"""
+
+
+def test_torchrun_failure_summary_and_the_last_launch_of_a_log():
+    failed = health.report(FAILURE)
+    assert failed["failures"][0] | {"error": None} == {
+        "rank": 1, "local_rank": 1, "host": "node7", "exitcode": -9, "signal": "SIGKILL", "error": None,
+        "root_cause": True, "secondary": False,
+    }
+    assert failed["verdict"]["status"] == "failed"
+    assert failed["verdict"]["cause"].startswith("rank 1 (local rank 1 on node7) failed: SIGKILL")
+    relaunched = health.report(FAILURE + FAILURE.splitlines()[0] + "\n[rank0] resumed from checkpoint step 2\n")
+    assert relaunched["launches"] == 2 and relaunched["failures"] == []  # judged on the last launch
+    assert relaunched["verdict"]["status"] == "unknown"

@@ -1,0 +1,79 @@
+"""Batch-size schedule math: warmup/hold/decay, accumulation, LR rules, critical batch, world changes."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from seedance_tasks.training import schedule
+from seedance_tasks.training.schedule import RunSchedule
+
+
+def make(**overrides) -> RunSchedule:
+    values = dict(micro_batch=4, start_batch=32, peak_batch=256, end_batch=64, warmup_steps=8, decay_steps=4,
+                  critical_batch=None, base_lr=1e-3, base_batch=32, optimizer="adamw", lr_scaling="auto",
+                  total_steps=20)
+    values.update(overrides)
+    return RunSchedule(**values)
+
+
+def test_warmup_hold_decay():
+    s = make()
+    batches = [schedule.target_batch(step, s) for step in range(20)]
+    assert batches[0] == 32
+    assert batches[4] == 144  # halfway up: 32 + (256 - 32) / 2
+    assert all(a < b for a, b in zip(batches[:8], batches[1:9], strict=True))  # rising through warmup
+    assert batches[8:16] == [256] * 8  # hold
+    assert batches[16:] == [208, 160, 112, 64]  # decay to end_batch at the last step
+
+
+def test_micro_batch_fixed_and_accumulation_realises_the_batch():
+    s = make()
+    for step in range(20):
+        plan = schedule.plan_step(step, s, world_size=2)
+        assert plan.global_batch == plan.accumulation * s.micro_batch * 2
+        assert abs(plan.global_batch - plan.target_batch) <= s.micro_batch * 2 / 2  # nearest whole micro-batch
+    assert schedule.plan_step(10, s, 2).accumulation == 32
+    assert schedule.accumulation(3, micro_batch=4, world_size=8) == 1  # never below one micro-batch
+
+
+def test_world_size_change_keeps_the_global_batch():
+    s = make()
+    for step in (0, 10, 19):  # batches of 32/256/64: whole micro-batches for 2, 4 and 8 ranks
+        two, four, eight = (schedule.plan_step(step, s, world) for world in (2, 4, 8))
+        assert two.global_batch == four.global_batch == eight.global_batch == two.target_batch
+        assert two.accumulation == 2 * four.accumulation == 4 * eight.accumulation
+        assert two.lr == four.lr == eight.lr
+    for world in (2, 4, 8):  # mid-ramp (target 172): the nearest batch each world size can realise
+        plan = schedule.plan_step(5, s, world)
+        assert abs(plan.global_batch - 172) <= s.micro_batch * world / 2
+        assert math.isclose(plan.lr, 1e-3 * math.sqrt(plan.global_batch / 32))
+    # not divisible: the nearest realisable batch, with the LR of the batch actually used
+    odd = schedule.plan_step(10, s, world_size=3)
+    assert odd.accumulation == 21 and odd.global_batch == 252
+    assert math.isclose(odd.lr, 1e-3 * math.sqrt(252 / 32))
+
+
+def test_lr_rules():
+    adam = make()
+    assert math.isclose(schedule.learning_rate(128, adam), 1e-3 * 2)  # sqrt(128/32)
+    sgd = make(optimizer="sgd")
+    assert math.isclose(schedule.learning_rate(128, sgd), 1e-3 * 4)  # linear
+    forced = make(optimizer="sgd", lr_scaling="sqrt")
+    assert math.isclose(schedule.learning_rate(128, forced), 2e-3)
+    assert schedule.learning_rate(128, make(lr_scaling="none")) == 1e-3
+
+
+def test_critical_batch_caps_batch_and_lr_scaling():
+    s = make(critical_batch=128)
+    assert max(schedule.target_batch(step, s) for step in range(20)) == 128
+    assert math.isclose(schedule.learning_rate(512, s), schedule.learning_rate(128, s))
+    assert math.isclose(schedule.learning_rate(64, s), 1e-3 * math.sqrt(2))
+
+
+@pytest.mark.parametrize("world", [1, 2, 4])
+def test_table_covers_the_run(world):
+    rows = schedule.table(make(), world)
+    assert [row["step"] for row in rows] == list(range(20))
+    assert rows[-1]["global_batch"] == 64

@@ -1,0 +1,118 @@
+"""Every real `nvidia-smi topo -m` sample parses to the right GPUs, links, NUMA nodes, NICs, CPUs."""
+
+from __future__ import annotations
+
+import pytest
+
+from seedance_tasks.errors import InputError
+from seedance_tasks.training.topology import format_cpu_list, parse_cpu_list, parse_topologies, parse_topology
+from tests.conftest import DATA
+
+TOPO = DATA / "training" / "topo"
+GPUS8 = [f"GPU{i}" for i in range(8)]
+
+
+def load(name: str, index: int = 0):
+    return parse_topology((TOPO / name).read_text(), name, index)
+
+
+# file -> (nics, numa per GPU, CPU affinity per GPU (as printed), GPU-GPU link kinds, pcie-only view)
+EXPECTED = {
+    "a100_8gpu_nv12_2numa_spaces_nonic.txt": (
+        [], [0, 0, 0, 0, 1, 1, 1, 1], ["0-23"] * 4 + ["24-47"] * 4, ["NV12"], False,
+    ),
+    "dgx1_8gpu_topo_mp_pcie_only_view_4nic.txt": (
+        ["mlx5_0", "mlx5_1", "mlx5_2", "mlx5_3"], [0, 0, 0, 0, 1, 1, 1, 1],
+        ["0-19,40-59"] * 4 + ["20-39,60-79"] * 4, ["PIX", "PHB", "SYS"], True,
+    ),
+    "dgx_a100_8gpu_nv12_12nic_mlx5.txt": (
+        [f"mlx5_{i}" for i in range(12)], [3, 3, 1, 1, 7, 7, 5, 5],
+        ["48-63,176-191"] * 2 + ["16-31,144-159"] * 2 + ["112-127,240-255"] * 2 + ["80-95,208-223"] * 2,
+        ["NV12"], False,
+    ),
+    "h100_8gpu_nv18_2numa_ht_affinity_spaces.txt": (
+        [], [0, 0, 0, 0, 1, 1, 1, 1], ["0-51,104-155"] * 4 + ["52-103,156-207"] * 4, ["NV18"], False,
+    ),
+    "h100_8gpu_nv18_6nic_niclegend_empty_affinity_della.txt": (
+        [f"mlx5_{i}" for i in range(6)], [0, 0, 0, 0, 1, 1, 1, 1], [""] * 4 + ["1"] * 4, ["NV18"], False,
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_eight_gpu_samples(name):
+    nics, numa, cpus, kinds, pcie_only = EXPECTED[name]
+    topo = load(name)
+    assert topo.gpus == GPUS8
+    assert topo.nics == nics
+    assert [topo.numa[gpu] for gpu in GPUS8] == numa
+    assert [format_cpu_list(topo.cpu_affinity[gpu]) for gpu in GPUS8] == cpus
+    assert topo.gpu_link_types() == kinds
+    assert topo.pcie_only_view is pcie_only
+    for gpu in GPUS8:
+        assert topo.links[gpu][gpu] == "X"
+        for other in GPUS8:  # the matrix is symmetric
+            assert topo.links[gpu][other] == topo.links[other][gpu]
+
+
+def test_mlx5_headers_and_links_to_nics():
+    topo = load("dgx_a100_8gpu_nv12_12nic_mlx5.txt")
+    assert topo.links["GPU0"]["mlx5_0"] == "PXB"
+    assert topo.links["GPU0"]["mlx5_2"] == "SYS"
+    assert topo.links["GPU6"]["mlx5_8"] == "PXB"
+    assert topo.links["mlx5_4"]["mlx5_5"] == "PIX"
+    assert topo.nearest_nics("GPU4") == ["mlx5_6", "mlx5_7"]
+    # storage/management HCAs (SYS to every GPU) are not compute NICs
+    assert topo.compute_nics() == ["mlx5_0", "mlx5_1", "mlx5_2", "mlx5_3", "mlx5_6", "mlx5_7", "mlx5_8", "mlx5_9"]
+
+
+def test_nic_legend_resolves_names_and_gpu_numa_id_column():
+    topo = load("h100_8gpu_nv18_6nic_niclegend_empty_affinity_della.txt")
+    assert topo.nic_legend == {f"NIC{i}": f"mlx5_{i}" for i in range(6)}
+    assert "NIC0" not in topo.links["GPU0"]
+    assert topo.links["GPU0"]["mlx5_0"] == "PIX"
+    assert topo.links["GPU0"]["mlx5_1"] == "PIX"
+    assert topo.links["GPU3"]["mlx5_2"] == "PIX"
+    assert topo.links["GPU6"]["mlx5_5"] == "PIX"
+    assert topo.links["mlx5_3"]["mlx5_4"] == "PIX"
+    assert topo.gpu_numa_id == {gpu: None for gpu in GPUS8}  # N/A
+    assert topo.cpu_affinity["GPU0"] is None  # an empty cell, not a shifted NUMA value
+    assert topo.nearest_nics("GPU0") == ["mlx5_0", "mlx5_1"]
+    assert topo.nearest_nics("GPU1") == [f"mlx5_{i}" for i in range(6)]  # all NODE: a tie
+
+
+def test_topo_mp_hides_nvlink():
+    topo = load("dgx1_8gpu_topo_mp_pcie_only_view_4nic.txt")
+    assert topo.links["GPU0"]["GPU1"] == "PIX"
+    assert topo.links["GPU0"]["GPU4"] == "SYS"
+    assert topo.links["GPU3"]["mlx5_1"] == "PIX"
+    assert not topo.nvlink_all_pairs
+
+
+def test_file_with_two_machines():
+    found = parse_topologies((TOPO / "two_gpu_nv2_and_phb_consumer.txt").read_text())
+    assert len(found) == 2
+    nvlink, pcie = found
+    assert nvlink.gpus == pcie.gpus == ["GPU0", "GPU1"]
+    assert nvlink.links["GPU0"]["GPU1"] == "NV2" and nvlink.nvlink_all_pairs
+    assert pcie.links["GPU1"]["GPU0"] == "PHB" and not pcie.nvlink_all_pairs
+    assert nvlink.numa == {"GPU0": None, "GPU1": None}  # N/A
+    assert format_cpu_list(pcie.cpu_affinity["GPU0"]) == "0-11"
+    assert load("two_gpu_nv2_and_phb_consumer.txt", 1).links["GPU0"]["GPU1"] == "PHB"
+
+
+def test_cpu_lists_round_trip():
+    assert parse_cpu_list("0-2,5,8-9") == [0, 1, 2, 5, 8, 9]
+    assert parse_cpu_list("N/A") is None and parse_cpu_list("") is None
+    assert format_cpu_list([9, 8, 5, 2, 1, 0]) == "0-2,5,8-9"
+
+
+def test_malformed_input_names_the_line():
+    text = "\tGPU0\tGPU1\tCPU Affinity\tNUMA Affinity\nGPU0\t X \tNV99X\t0-3\t0\nGPU1\tNV4\t X \t0-3\t0\n"
+    with pytest.raises(InputError, match=r":2: unknown link type 'NV99X'"):
+        parse_topology(text, "bad.txt")
+    with pytest.raises(InputError, match="no `nvidia-smi topo -m` matrix"):
+        parse_topology("No devices were found\n", "empty.txt")
+    truncated = "\tGPU0\tGPU1\tCPU Affinity\nGPU0\t X \tNV4\t0-3\n"
+    with pytest.raises(InputError, match="GPU1"):
+        parse_topology(truncated, "short.txt")
