@@ -8,6 +8,7 @@ from seedance_tasks.checkpoint.cli import app as ckpt_app
 from seedance_tasks.cli_support import JSON_OPTION, console, emit, handle_errors, table
 from seedance_tasks.compaction.cli import compact
 from seedance_tasks.cost.cli import app as cost_app
+from seedance_tasks.lifecycle.cli import register as register_lifecycle_commands
 from seedance_tasks.preprocess.cli import app as preprocess_app
 from seedance_tasks.shards.cli import app as shards_app
 from seedance_tasks.training.cli import app as train_app
@@ -54,6 +55,7 @@ def trash_purge(
 app.add_typer(trash_app, name="trash")
 app.add_typer(shards_app, name="shards")
 app.add_typer(preprocess_app, name="preprocess")
+register_lifecycle_commands(ckpt_app)
 app.add_typer(ckpt_app, name="ckpt")
 app.add_typer(train_app, name="train")
 app.add_typer(cost_app, name="cost")

@@ -49,6 +49,7 @@ def _sections() -> dict[str, type[StrictModel]]:
     from seedance_tasks.checkpoint.settings import CheckpointSettings
     from seedance_tasks.compaction.settings import CompactionSettings
     from seedance_tasks.cost.settings import CostSettings
+    from seedance_tasks.lifecycle.settings import LifecycleSettings
     from seedance_tasks.preprocess.settings import PreprocessSettings
     from seedance_tasks.shards.settings import ShardSettings
     from seedance_tasks.training.settings import TrainingSettings
@@ -59,6 +60,7 @@ def _sections() -> dict[str, type[StrictModel]]:
         "shards": ShardSettings,
         "preprocess": PreprocessSettings,
         "checkpoint": CheckpointSettings,
+        "lifecycle": LifecycleSettings,
         "training": TrainingSettings,
         "cost": CostSettings,
     }

@@ -1,0 +1,1 @@
+"""Checkpoint lifecycle: retention GC and hot/warm/cold tiering over the checkpoint store."""

@@ -1,0 +1,91 @@
+"""The Seedance page in Airflow's UI: what each pipeline keeps aside for people to look at.
+
+Served by the plugin in `plugins/seedance_plugin.py` under `/seedance/`, behind Airflow's own
+login (the JWT the UI holds): plugin endpoints are not protected by Airflow on their own.
+Read-only; it lists the quarantine (files set aside, with the reason) and the trash (old data
+awaiting purge) of the configured dataset roots.
+"""
+
+from __future__ import annotations
+
+import html
+
+from seedance_tasks import storage
+
+
+def configured_roots() -> list[str]:
+    """Dataset roots the page reports on: `compaction.default_uri` (more as pipelines add them)."""
+    from seedance_tasks.config import load_settings
+
+    settings = load_settings()
+    return [uri for uri in (settings.compaction.default_uri,) if uri]
+
+
+def root_status(uri: str) -> dict:
+    """Quarantined files (with reasons) and trash runs (files, bytes) under one root."""
+    root = storage.resolve(uri)
+    quarantined = []
+    for info in storage.list_files(root.child(storage.QUARANTINE_DIR), include_hidden=True):
+        if info.path.endswith(".reason.json"):
+            reason = storage.read_json(root.fs, info.path)
+            quarantined.append({"file": reason.get("file"), "reason": reason.get("reason"),
+                                "run_id": reason.get("run_id"), "at": reason.get("at")})
+    trash: dict[str, dict] = {}
+    for info in storage.list_files(root.child(storage.TRASH_DIR), include_hidden=True):
+        run_id = root.child(storage.TRASH_DIR).relative(info.path).split("/", 1)[0]
+        entry = trash.setdefault(run_id, {"run_id": run_id, "files": 0, "bytes": 0})
+        entry["files"] += 1
+        entry["bytes"] += info.size or 0
+    return {"uri": root.uri, "quarantined": quarantined, "trash": sorted(trash.values(), key=lambda t: t["run_id"])}
+
+
+def render_page(statuses: list[dict]) -> str:
+    """The page's HTML (escaped; no scripts, no external resources)."""
+    from seedance_tasks.units import format_size
+
+    parts = ["<!doctype html><meta charset=utf-8><title>Seedance</title>",
+             "<style>body{font-family:sans-serif;margin:1.5em}table{border-collapse:collapse}"
+             "td,th{border:1px solid #ccc;padding:.3em .6em;text-align:left}</style>",
+             "<h1>Seedance</h1>"]
+    if not statuses:
+        parts.append("<p>No dataset root configured: set <code>compaction.default_uri</code> in "
+                     "<code>config/seedance.yaml</code>.</p>")
+    for status in statuses:
+        parts.append(f"<h2>{html.escape(status['uri'])}</h2><h3>Quarantine</h3>")
+        if status["quarantined"]:
+            parts.append("<table><tr><th>file</th><th>reason</th><th>run</th></tr>")
+            parts += [f"<tr><td>{html.escape(str(q['file']))}</td><td>{html.escape(str(q['reason']))}</td>"
+                      f"<td>{html.escape(str(q['run_id']))}</td></tr>" for q in status["quarantined"]]
+            parts.append("</table>")
+        else:
+            parts.append("<p>Nothing quarantined.</p>")
+        parts.append("<h3>Trash (awaiting <code>seedance trash purge</code>)</h3>")
+        if status["trash"]:
+            parts.append("<table><tr><th>run</th><th>files</th><th>bytes</th></tr>")
+            parts += [f"<tr><td>{html.escape(t['run_id'])}</td><td>{t['files']}</td>"
+                      f"<td>{format_size(t['bytes'])}</td></tr>" for t in status["trash"]]
+            parts.append("</table>")
+        else:
+            parts.append("<p>Empty.</p>")
+    return "".join(parts)
+
+
+def create_app():
+    """The FastAPI app the plugin mounts; every route needs a logged-in Airflow user."""
+    from airflow.api_fastapi.core_api.security import get_user
+    from fastapi import Depends, FastAPI
+    from fastapi.responses import HTMLResponse
+
+    app = FastAPI(title="Seedance", docs_url=None, redoc_url=None, openapi_url=None)
+
+    @app.get("/", response_class=HTMLResponse, dependencies=[Depends(get_user)])
+    def index() -> str:
+        return render_page([root_status(uri) for uri in configured_roots()])
+
+    @app.get("/api/status", dependencies=[Depends(get_user)])
+    def status() -> list[dict]:
+        return [root_status(uri) for uri in configured_roots()]
+
+    return app
+
+
