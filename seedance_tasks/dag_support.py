@@ -43,3 +43,20 @@ def fail_fast(func: F) -> F:
             raise AirflowFailException(str(exc)) from exc
 
     return wrapper  # type: ignore[return-value]
+
+
+def read_xcom(dag_run, task_id: str, key: str = "return_value", map_index: int = -1):
+    """The XCom value `task_id` pushed in `dag_run` (read from the metadata DB), or None.
+
+    For code outside tasks (the demo, tests); tasks receive XComs as arguments instead.
+    """
+    from airflow.models.xcom import XComModel
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        row = (
+            session.query(XComModel)
+            .filter_by(dag_id=dag_run.dag_id, run_id=dag_run.run_id, task_id=task_id, key=key, map_index=map_index)
+            .one_or_none()
+        )
+        return None if row is None else XComModel.deserialize_value(row)

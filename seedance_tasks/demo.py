@@ -23,6 +23,10 @@ REPO = Path(__file__).resolve().parent.parent
 # Pipelines in data-flow order; each module defines demo(workspace: Path, airflow: DemoAirflow).
 DEMOS = [
     "seedance_tasks.compaction.demo",
+    "seedance_tasks.preprocess.demo",
+    "seedance_tasks.training.demo",
+    "seedance_tasks.checkpoint.demo",
+    "seedance_tasks.cost.demo",
 ]
 
 
@@ -57,16 +61,9 @@ class DemoAirflow:
     @staticmethod
     def xcom(dag_run, task_id: str, key: str = "return_value", map_index: int = -1):
         """The XCom value `task_id` pushed in `dag_run`, or None."""
-        from airflow.models.xcom import XComModel
-        from airflow.utils.session import create_session
+        from seedance_tasks.dag_support import read_xcom
 
-        with create_session() as session:
-            row = (
-                session.query(XComModel)
-                .filter_by(dag_id=dag_run.dag_id, run_id=dag_run.run_id, task_id=task_id, key=key, map_index=map_index)
-                .one_or_none()
-            )
-            return None if row is None else XComModel.deserialize_value(row)
+        return read_xcom(dag_run, task_id, key, map_index)
 
 
 def configure_airflow(home: Path) -> None:

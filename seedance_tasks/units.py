@@ -20,38 +20,28 @@ _DURATION_UNITS = {"": 1, "s": 1, "m": 60, "min": 60, "h": 3600, "d": 86400, "w"
 _NUMBER_UNIT = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
 
 
-def parse_size(value: str | int | float) -> int:
-    """Bytes in `value` (`512MiB`, `8MB`, `1.5GiB`, `1048576`); raises UsageError if malformed."""
+def _parse(value: str | int | float, units: dict[str, float], kind: str, hint: str) -> float:
     if isinstance(value, bool):
-        raise UsageError(f"not a size: {value!r}")
+        raise UsageError(f"not a {kind}: {value!r}", hint=hint)
     if isinstance(value, int | float):
         if value < 0:
-            raise UsageError(f"a size cannot be negative: {value!r}")
-        return int(value)
+            raise UsageError(f"a {kind} cannot be negative: {value!r}", hint=hint)
+        return float(value)
     match = _NUMBER_UNIT.match(str(value))
     unit = match.group(2).lower() if match else None
-    if not match or unit not in _SIZE_UNITS:
-        raise UsageError(
-            f"not a size: {value!r}", hint="write a number with a unit, like 512MiB, 64MB or 1GiB"
-        )
-    return int(float(match.group(1)) * _SIZE_UNITS[unit])
+    if not match or unit not in units:
+        raise UsageError(f"not a {kind}: {value!r}", hint=hint)
+    return float(match.group(1)) * units[unit]
+
+
+def parse_size(value: str | int | float) -> int:
+    """Bytes in `value` (`512MiB`, `8MB`, `1.5GiB`, `1048576`); raises UsageError if malformed."""
+    return int(_parse(value, _SIZE_UNITS, "size", "write a number with a unit, like 512MiB, 64MB or 1GiB"))
 
 
 def parse_duration(value: str | int | float) -> float:
     """Seconds in `value` (`0`, `90s`, `30m`, `1h`, `7d`); raises UsageError if malformed."""
-    if isinstance(value, bool):
-        raise UsageError(f"not a duration: {value!r}")
-    if isinstance(value, int | float):
-        if value < 0:
-            raise UsageError(f"a duration cannot be negative: {value!r}")
-        return float(value)
-    match = _NUMBER_UNIT.match(str(value))
-    unit = match.group(2).lower() if match else None
-    if not match or unit not in _DURATION_UNITS:
-        raise UsageError(
-            f"not a duration: {value!r}", hint="write a number with a unit: 0, 90s, 30m, 1h or 7d"
-        )
-    return float(match.group(1)) * _DURATION_UNITS[unit]
+    return _parse(value, _DURATION_UNITS, "duration", "write a number with a unit: 0, 90s, 30m, 1h or 7d")
 
 
 def format_size(num_bytes: int | float) -> str:

@@ -71,19 +71,13 @@ def run_dag(airflow_db, dagbag):
 
 
 def xcom_value(dag_run, task_id: str, key: str = "return_value", map_index: int = -1):
-    """The XCom a task of `dag_run` pushed (read from the metadata DB after the run)."""
-    from airflow.models.xcom import XComModel
-    from airflow.utils.session import create_session
+    """The XCom a task of `dag_run` pushed; fails the test if there is none."""
+    from seedance_tasks.dag_support import read_xcom
 
-    with create_session() as session:
-        row = (
-            session.query(XComModel)
-            .filter_by(dag_id=dag_run.dag_id, run_id=dag_run.run_id, task_id=task_id, key=key, map_index=map_index)
-            .one_or_none()
-        )
-        if row is None:
-            raise AssertionError(f"no XCom {key!r} from {task_id} in {dag_run.run_id}")
-        return XComModel.deserialize_value(row)
+    value = read_xcom(dag_run, task_id, key, map_index)
+    if value is None:
+        raise AssertionError(f"no XCom {key!r} from {task_id} in {dag_run.run_id}")
+    return value
 
 
 # --------------------------------------------------------------------------- S3 on loopback
