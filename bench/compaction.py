@@ -6,6 +6,7 @@ and prints MB/s (input bytes / wall time) and peak RSS side by side, with ratios
 
     python bench/compaction.py            # >= 2 GB lake (the issue's size)
     python bench/compaction.py --quick    # ~200 MB, a smoke run
+    python bench/compaction.py --dataset lineitem   # TPC-H lineitem (tpchgen-cli) instead
 """
 
 from __future__ import annotations
@@ -46,6 +47,35 @@ def generate(lake: Path, total_bytes: int, partitions: int, seed: int = 11) -> d
         written += path.stat().st_size
         files += 1
         rows += n
+    old = time.time() - 7200
+    for path in lake.rglob("*.parquet"):
+        os.utime(path, (old, old))
+    return {"files": files, "bytes": written, "rows": rows, "partitions": partitions}
+
+
+def generate_lineitem(lake: Path, total_bytes: int, partitions: int) -> dict:
+    """TPC-H lineitem from tpchgen-cli (offline), cut into ~2.5 MB snappy files over partitions."""
+    import pyarrow.parquet as pq
+
+    scale = max(total_bytes / 210e6, 0.05)  # lineitem is ~210 MB of snappy Parquet per scale factor
+    parts = max(int(total_bytes / 2.5e6), partitions)
+    raw = lake.parent / f"{lake.name}-raw"
+    shutil.rmtree(raw, ignore_errors=True)
+    subprocess.run(
+        [str(Path(sys.executable).parent / "tpchgen-cli"), "parquet", f"-s={scale:.3f}", "--tables=lineitem",
+         f"--parts={parts}", "--compression=SNAPPY", "--row-group-bytes=1MB", f"--output-dir={raw}"],
+        check=True,
+    )
+    files = written = rows = 0
+    for index, path in enumerate(sorted((raw / "lineitem").glob("*.parquet"))):
+        part = lake / f"shipdate_bucket={index % partitions:02d}"
+        part.mkdir(parents=True, exist_ok=True)
+        target = part / path.name
+        path.rename(target)
+        files += 1
+        written += target.stat().st_size
+        rows += pq.read_metadata(target).num_rows
+    shutil.rmtree(raw, ignore_errors=True)
     old = time.time() - 7200
     for path in lake.rglob("*.parquet"):
         os.utime(path, (old, old))
@@ -112,6 +142,8 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="~200 MB lake instead of 2 GB")
     parser.add_argument("--size-gb", type=float, default=None)
     parser.add_argument("--peers", default="seedance,polars,duckdb,cp")
+    parser.add_argument("--dataset", choices=["events", "lineitem"], default="events",
+                        help="events: event logs with embeddings; lineitem: TPC-H lineitem via tpchgen-cli")
     parser.add_argument("--run-peer", help=argparse.SUPPRESS)
     parser.add_argument("--lake", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
@@ -121,14 +153,15 @@ def main() -> int:
         return 0
 
     size = args.size_gb or (0.2 if args.quick else 2.1)
-    lake = WORK / f"lake-{size:g}gb"
+    lake = WORK / f"{args.dataset}-{size:g}gb"
     if not (lake / "_generated.json").exists():
         shutil.rmtree(lake, ignore_errors=True)
-        print(f"generating a {size:g} GB lake of 1-4 MB files in {lake} ...", flush=True)
-        info = generate(lake, int(size * 1e9), partitions=8)
+        print(f"generating a {size:g} GB {args.dataset} lake of small files in {lake} ...", flush=True)
+        make = generate if args.dataset == "events" else generate_lineitem
+        info = make(lake, int(size * 1e9), partitions=8)
         (lake / "_generated.json").write_text(json.dumps(info))
     info = json.loads((lake / "_generated.json").read_text())
-    print(f"lake: {info['files']:,} files, {info['bytes'] / 1e9:.2f} GB, {info['rows']:,} rows, "
+    print(f"lake ({args.dataset}): {info['files']:,} files, {info['bytes'] / 1e9:.2f} GB, {info['rows']:,} rows, "
           f"{info['partitions']} partitions; target file size 512 MiB; {os.cpu_count()} cores", flush=True)
     subprocess.run(["cat", *map(str, lake.rglob("*.parquet"))], stdout=subprocess.DEVNULL, check=True)  # warm cache
 

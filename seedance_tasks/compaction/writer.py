@@ -1,6 +1,6 @@
 """Rewrite one partition's small files into files of about the target size, crash-safely.
 
-Row groups stream from the sources (a reader thread prefetches whole row groups) into a rolling
+Row groups stream from the sources (reader threads fetch whole row groups ahead) into a rolling
 Parquet writer that cuts a new file when the next row group would pass the target size. Memory
 is bounded by the row-group size, not by the input or the target file size. New files are
 written under hidden names, verified (row count, schema), published, and only then are the
@@ -10,9 +10,9 @@ sources retired to the trash, all through a journal (`seedance_tasks.journal`).
 from __future__ import annotations
 
 import posixpath
-import queue
-import threading
+from collections import deque
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import pyarrow as pa
@@ -28,7 +28,8 @@ from seedance_tasks.journal import Journal
 from seedance_tasks.storage import Location
 
 JOURNAL_KIND = "compaction"
-_PREFETCH_ROW_GROUPS = 4
+_READ_THREADS = 2
+_READ_AHEAD = 4
 _CARDINALITY_SAMPLE_ROWS = 8_192
 _READ_ERRORS = (pa.ArrowInvalid, pa.ArrowIOError, pa.ArrowNotImplementedError, pa.ArrowTypeError, OSError, ValueError)
 
@@ -64,59 +65,59 @@ def _open(root: Location, source: SourceFile) -> pq.ParquetFile:
         raise BadSourceFile(source, f"not a readable Parquet file ({exc})") from None
 
 
-def _row_groups(root: Location, sources: list[tuple[SourceFile, pq.ParquetFile]], schema: pa.Schema,
-                read_bytes: int) -> Iterator[pa.Table]:
-    """Each source's rows, whole row groups at a time, about `read_bytes` (uncompressed) per read."""
+@dataclass(frozen=True)
+class _ReadUnit:
+    source: SourceFile
+    row_groups: tuple[int, ...]
+
+
+def _read_units(sources: list[tuple[SourceFile, pq.ParquetFile]], read_bytes: int) -> Iterator[_ReadUnit]:
+    """Each source's row groups in order, cut into reads of about `read_bytes` (uncompressed)."""
     for source, parquet in sources:
         metadata = parquet.metadata
         batch: list[int] = []
         batch_bytes = 0
-        for index in range(parquet.num_row_groups):
+        for index in range(metadata.num_row_groups):
             batch.append(index)
             batch_bytes += metadata.row_group(index).total_byte_size
-            if batch_bytes >= read_bytes or index == parquet.num_row_groups - 1:
-                try:
-                    table = parquet.read_row_groups(batch)
-                except _READ_ERRORS as exc:
-                    raise BadSourceFile(source, f"row groups {batch[0]}-{batch[-1]} unreadable ({exc})") from None
-                yield conform(table, schema)
+            if batch_bytes >= read_bytes or index == metadata.num_row_groups - 1:
+                yield _ReadUnit(source, tuple(batch))
                 batch, batch_bytes = [], 0
 
 
-def _prefetched(tables: Iterator[pa.Table], depth: int = _PREFETCH_ROW_GROUPS) -> Iterator[pa.Table]:
-    """Iterate `tables` with a reader thread running ahead by up to `depth` row groups."""
-    buffer: queue.Queue = queue.Queue(maxsize=depth)
-    done = object()
-    stop = threading.Event()
-
-    def produce() -> None:
-        try:
-            for table in tables:
-                while not stop.is_set():
-                    try:
-                        buffer.put(table, timeout=0.1)
-                        break
-                    except queue.Full:
-                        continue
-                if stop.is_set():
-                    return
-            buffer.put(done)
-        except BaseException as exc:  # handed to the consumer, re-raised there
-            buffer.put(exc)
-
-    thread = threading.Thread(target=produce, name="compaction-reader", daemon=True)
-    thread.start()
+def _read(root: Location, unit: _ReadUnit, schema: pa.Schema) -> pa.Table:
+    """One read unit as a table of `schema`; its own file handle, so reads can run in parallel."""
+    parquet = _open(root, unit.source)
     try:
-        while True:
-            item = buffer.get()
-            if item is done:
-                return
-            if isinstance(item, BaseException):
-                raise item
-            yield item
+        table = parquet.read_row_groups(list(unit.row_groups))
+    except _READ_ERRORS as exc:
+        raise BadSourceFile(
+            unit.source, f"row groups {unit.row_groups[0]}-{unit.row_groups[-1]} unreadable ({exc})"
+        ) from None
     finally:
-        stop.set()
-        thread.join()
+        parquet.close()
+    return conform(table, schema)
+
+
+def _read_ahead(root: Location, units: Iterator[_ReadUnit], schema: pa.Schema, *, threads: int = _READ_THREADS,
+                depth: int = _READ_AHEAD) -> Iterator[pa.Table]:
+    """The units' tables in order, read by `threads` threads running up to `depth` units ahead.
+
+    Small files are read in parallel (pyarrow releases the GIL while decoding) while the caller
+    encodes and compresses; memory stays bounded by `depth` units.
+    """
+    pending: deque[Future] = deque()
+    with ThreadPoolExecutor(threads, thread_name_prefix="compaction-read") as pool:
+        try:
+            for unit in units:
+                pending.append(pool.submit(_read, root, unit, schema))
+                if len(pending) >= depth:
+                    yield pending.popleft().result()
+            while pending:
+                yield pending.popleft().result()
+        finally:
+            for future in pending:
+                future.cancel()
 
 
 def _dictionary_columns(table: pa.Table, max_cardinality: float) -> list[str]:
@@ -282,7 +283,7 @@ def _attempt(root: Location, plan: PartitionPlan, run_id: str, journal_id: str, 
                             meta={"partition": plan.partition}, trash_id=run_id)
     writer = _RollingWriter(root, journal, plan.partition, run_id, schema, settings)
     try:
-        for table in _prefetched(_row_groups(root, opened, schema, settings.row_group_size // 4)):
+        for table in _read_ahead(root, _read_units(opened, settings.row_group_size // 4), schema):
             writer.write(table)
         outputs = writer.close()
         written_rows, written_bytes = _verify(root, outputs, rows, schema)
