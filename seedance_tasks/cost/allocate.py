@@ -20,27 +20,37 @@ from decimal import Decimal
 from fractions import Fraction
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from seedance_tasks import storage
-from seedance_tasks.cost.ingest import LINES, TS
+from seedance_tasks.cost.ingest import DICT, LINES, TS
 from seedance_tasks.cost.money import MONEY, ZERO, fmt, largest_remainder
 from seedance_tasks.cost.owners import (
-    Match, OwnersFile, as_utc, glob_regex, parse_tags, tag_matches, tag_owner, usage_path,
+    Match,
+    OwnersFile,
+    as_utc,
+    glob_regex,
+    parse_tags,
+    tag_matches,
+    tag_owner,
+    usage_path,
 )
 
 ALLOCATIONS = pa.schema(
     [
         *LINES,
         ("x_Cost", MONEY),
-        ("x_Owner", pa.string()),
-        ("x_OwnerSource", pa.string()),
-        ("x_TagConflict", pa.string()),
-        ("AllocatedMethodId", pa.string()),
-        ("AllocatedMethodDetails", pa.string()),
+        ("x_Owner", DICT),
+        ("x_OwnerSource", DICT),
+        ("x_TagConflict", DICT),
+        ("AllocatedMethodId", DICT),
+        ("AllocatedMethodDetails", DICT),
     ]
 )
+MATCH_COLUMNS = {"account": "BillingAccountId", "sub_account": "SubAccountId", "resource_id": "ResourceId",
+                 "resource_name": "ResourceName", "service": "ServiceName"}
 SPLIT_QUANTUM = Decimal("0.01")
 _CACHE_LIMIT = 500_000
 
@@ -110,17 +120,66 @@ def shared_splits(owners: OwnersFile, month: str, month_end: datetime) -> tuple[
     return splits, warnings
 
 
+def _value_index(values: pa.Array, cache: dict, name: str) -> np.ndarray:
+    """Per row, the index of its value in the column's dictionary; null rows point one past the end."""
+    key = ("index", name)
+    if key not in cache:
+        encoded = values if pa.types.is_dictionary(values.type) else pc.dictionary_encode(values)
+        indices = encoded.indices
+        if indices.null_count:
+            indices = pc.fill_null(indices, len(encoded.dictionary))
+        cache[key] = indices.to_numpy(zero_copy_only=False)
+    return cache[key]
+
+
+def _codes(values) -> np.ndarray:
+    """Codes per distinct value (-1 for none), with a trailing -1 for null rows."""
+    return np.array([-1 if value is None else value for value in values] + [-1], np.int32)
+
+
+def _arrow_codes(codes: np.ndarray) -> pa.Array:
+    return pa.array(codes, pa.int32(), mask=codes < 0)
+
+
+def _micros(moment: datetime) -> int:
+    return int(moment.timestamp()) * 1_000_000 + moment.microsecond
+
+
+class _Codes:
+    """Distinct strings (owners, sources, conflicts) and their int32 codes, stable for a run."""
+
+    def __init__(self) -> None:
+        self.values: list[str] = []
+        self.index: dict[str, int] = {}
+
+    def code(self, value: str | None) -> int | None:
+        if value is None:
+            return None
+        found = self.index.get(value)
+        if found is None:
+            found = self.index[value] = len(self.values)
+            self.values.append(value)
+        return found
+
+    def array(self, codes: pa.Array) -> pa.DictionaryArray:
+        return pa.DictionaryArray.from_arrays(codes, pa.array(self.values, pa.string()))
+
+
 @dataclass
 class _TagInfo:
-    owner: str | None
-    key: str | None
-    conflict: str | None
+    owner: int | None  # code
+    source: int | None  # code of "tag:<key>"
+    conflict: int | None  # code
     tags: dict[str, str] | None
     malformed: bool
 
 
 class Attributor:
-    """Attributes batches of LINES to owners; one per month run (it caches parsed tag strings)."""
+    """Attributes batches of LINES to owners; one per month run (it caches parsed tag strings).
+
+    All decisions are taken once per distinct value (dictionary) and broadcast to the rows as
+    int32 codes, so a batch costs a few vectorised passes whatever its size.
+    """
 
     def __init__(self, owners: OwnersFile, basis: str, splits: dict[str, Split] | None = None):
         self.owners = owners
@@ -129,6 +188,18 @@ class Attributor:
         self.splits = splits or {}
         self._tags: dict[str, _TagInfo] = {}
         self.malformed_tags: list[int] = []
+        self.owner_codes, self.source_codes, self.conflict_codes = _Codes(), _Codes(), _Codes()
+        self.rule_codes = [(rule, self.owner_codes.code(rule.owner), self.source_codes.code(f"rule:{rule.id}"))
+                           for rule in owners.rules]
+
+    def needed_columns(self) -> list[str]:
+        """The line columns attribution reads (for a reader's projection)."""
+        needed = {"Tags", self.basis}
+        for rule in [*self.owners.rules, *self.owners.shared]:
+            needed.update(column for name, column in MATCH_COLUMNS.items() if getattr(rule.match, name) is not None)
+        if self.splits:
+            needed.update({"BilledCost", "EffectiveCost"})
+        return sorted(needed)
 
     def _info(self, text: str | None) -> _TagInfo:
         if text is None:
@@ -141,78 +212,101 @@ class Attributor:
             except ValueError:
                 tags, malformed = None, True
             owner, key, conflict = tag_owner(tags, self.keys)
-            info = _TagInfo(owner, key, conflict, tags, malformed)
+            info = _TagInfo(self.owner_codes.code(owner), self.source_codes.code(f"tag:{key}" if owner else None),
+                            self.conflict_codes.code(conflict), tags, malformed)
             if len(self._tags) >= _CACHE_LIMIT:
                 self._tags.clear()
             self._tags[text] = info
         return info
 
-    def _condition(self, batch: pa.RecordBatch, match: Match, indices: pa.Array, infos: list[_TagInfo],
-                   valid_from, valid_to) -> pa.Array:
-        conditions = []
-        for name, column in (("account", "BillingAccountId"), ("sub_account", "SubAccountId"),
-                             ("resource_id", "ResourceId"), ("resource_name", "ResourceName"),
-                             ("service", "ServiceName")):
+    def _condition(self, batch: pa.RecordBatch, match: Match, rows: np.ndarray | None, valid_from, valid_to,
+                   cache: dict) -> np.ndarray:
+        """Where `match` (and the validity dates) hold, as a numpy bool array over `rows` (None: all rows)."""
+        result: np.ndarray | None = None
+
+        def both(condition: np.ndarray) -> None:
+            nonlocal result
+            result = condition if result is None else result & condition
+
+        for name, column in MATCH_COLUMNS.items():
             pattern = getattr(match, name)
-            if pattern is not None:
-                conditions.append(pc.match_substring_regex(batch.column(column), glob_regex(pattern)))
-        if match.tag:
-            per_value = pa.array([tag_matches(info.tags, match.tag) for info in infos], pa.bool_())
-            conditions.append(per_value.take(indices))
-        start = batch.column("ChargePeriodStart")
-        if valid_from is not None:
-            conditions.append(pc.greater_equal(start, pa.scalar(as_utc(valid_from), TS)))
-        if valid_to is not None:
-            conditions.append(pc.less(start, pa.scalar(as_utc(valid_to), TS)))
-        result = conditions[0]
-        for condition in conditions[1:]:
-            result = pc.and_kleene(result, condition)
-        return pc.fill_null(result, False)
-
-    def attribute(self, batch: pa.RecordBatch) -> pa.RecordBatch:
-        """`batch` (LINES) as ALLOCATIONS: owner, its source, conflicts, shared splits."""
-        encoded = pc.dictionary_encode(batch.column("Tags"))
-        indices = encoded.indices
-        infos = [self._info(text) for text in encoded.dictionary.to_pylist()]
-        if any(info.malformed for info in infos):
-            bad = pa.array([info.malformed for info in infos], pa.bool_()).take(indices).fill_null(False)
-            rows = batch.column("x_Row").filter(bad).to_pylist()
-            self.malformed_tags.extend(rows[: max(0, 1000 - len(self.malformed_tags))])
-        owner = pa.array([info.owner for info in infos], pa.string()).take(indices)
-        source = pa.array([f"tag:{info.key}" if info.owner else None for info in infos], pa.string()).take(indices)
-        conflict = pa.array([info.conflict for info in infos], pa.string()).take(indices)
-
-        for rule in self.owners.rules:
-            hit = pc.and_(self._condition(batch, rule.match, indices, infos, rule.valid_from, rule.valid_to),
-                          owner.is_null())
-            if pc.any(hit).as_py():
-                owner = pc.if_else(hit, pa.scalar(rule.owner, pa.string()), owner)
-                source = pc.if_else(hit, pa.scalar(f"rule:{rule.id}", pa.string()), source)
-
-        shared = None
-        for rule in self.owners.shared:
-            if rule.id not in self.splits:
+            if pattern is None:
                 continue
-            hit = self._condition(batch, rule.match, indices, infos, rule.valid_from, rule.valid_to)
-            if shared is not None:
-                hit = pc.and_(hit, shared.is_null())
-            if pc.any(hit).as_py():
-                shared = pc.if_else(hit, pa.scalar(rule.id, pa.string()),
-                                    shared if shared is not None else pa.nulls(len(batch), pa.string()))
+            regex = glob_regex(pattern)
+            values = batch.column(column)
+            if pa.types.is_dictionary(values.type):
+                index = _value_index(values, cache, column)
+                hits = pc.fill_null(pc.match_substring_regex(values.dictionary, regex), False)
+                per_value = np.append(hits.to_numpy(zero_copy_only=False), False)
+                both(per_value[index if rows is None else index[rows]])
+            else:
+                subset = values if rows is None else values.take(pa.array(rows))
+                both(pc.fill_null(pc.match_substring_regex(subset, regex), False).to_numpy(zero_copy_only=False))
+        if match.tag:
+            index, infos = cache["tags"]
+            per_value = np.array([tag_matches(info.tags, match.tag) for info in infos] + [False])
+            both(per_value[index if rows is None else index[rows]])
+        if valid_from is not None or valid_to is not None:
+            if "start" not in cache:
+                cache["start"] = batch.column("ChargePeriodStart").cast(pa.int64()).to_numpy(zero_copy_only=False)
+            start = cache["start"] if rows is None else cache["start"][rows]
+            if valid_from is not None:
+                both(start >= _micros(as_utc(valid_from)))
+            if valid_to is not None:
+                both(start < _micros(as_utc(valid_to)))
+        assert result is not None  # a Match has at least one condition
+        return result
+
+    def attribute(self, batch: pa.RecordBatch) -> list[pa.RecordBatch]:
+        """`batch` (LINES) as ALLOCATIONS batches: owner, its source, conflicts, then shared splits.
+
+        Decisions are made per distinct value (tag string, account, service...) and broadcast to
+        rows through their dictionary indices (numpy); CMDB rules look only at rows still unowned.
+        """
+        length = len(batch)
+        cache: dict = {}
+        tags = batch.column("Tags")
+        index = _value_index(tags, cache, "Tags")
+        infos = [self._info(text) for text in (tags.dictionary if pa.types.is_dictionary(tags.type)
+                                                else pc.dictionary_encode(tags).dictionary).to_pylist()]
+        cache["tags"] = (index, infos)
+        if any(info.malformed for info in infos):
+            bad = np.array([info.malformed for info in infos] + [False])[index]
+            rows = batch.column("x_Row").filter(pa.array(bad)).to_pylist()
+            self.malformed_tags.extend(rows[: max(0, 1000 - len(self.malformed_tags))])
+        owner = _codes(info.owner for info in infos)[index]
+        source = _codes(info.source for info in infos)[index]
+        conflict_per_value = _codes(info.conflict for info in infos)
+
+        for rule, owner_code, source_code in self.rule_codes:
+            unowned = np.flatnonzero(owner < 0)
+            if not unowned.size:
+                break
+            hit = unowned[self._condition(batch, rule.match, unowned, rule.valid_from, rule.valid_to, cache)]
+            owner[hit] = owner_code
+            source[hit] = source_code
+
+        shared = np.full(length, -1, np.int32)
+        for number, rule in enumerate(self.owners.shared):
+            if rule.id in self.splits:
+                free = shared < 0
+                shared[free & self._condition(batch, rule.match, None, rule.valid_from, rule.valid_to, cache)] = number
 
         columns = {name: batch.column(name) for name in LINES.names}
         columns.update(
-            x_Cost=batch.column(self.basis), x_Owner=owner, x_OwnerSource=source, x_TagConflict=conflict,
-            AllocatedMethodId=pa.nulls(len(batch), pa.string()),
-            AllocatedMethodDetails=pa.nulls(len(batch), pa.string()),
+            x_Cost=batch.column(self.basis), x_Owner=self.owner_codes.array(_arrow_codes(owner)),
+            x_OwnerSource=self.source_codes.array(_arrow_codes(source)),
+            x_TagConflict=(pa.nulls(length, DICT) if (conflict_per_value < 0).all()
+                           else self.conflict_codes.array(_arrow_codes(conflict_per_value[index]))),
+            AllocatedMethodId=pa.nulls(length, DICT), AllocatedMethodDetails=pa.nulls(length, DICT),
         )
         out = pa.RecordBatch.from_arrays([columns[name] for name in ALLOCATIONS.names], schema=ALLOCATIONS)
-        if shared is None:
-            return out
-        is_shared = pc.fill_null(pc.is_valid(shared), False)
-        plain = out.filter(pc.invert(is_shared))
-        split = self._split(out.filter(is_shared), shared.filter(is_shared).to_pylist())
-        return pa.Table.from_batches([plain, split], schema=ALLOCATIONS).combine_chunks().to_batches()[0]
+        is_shared = shared >= 0
+        if not is_shared.any():
+            return [out]
+        plain = out.filter(pa.array(~is_shared))
+        rule_ids = [self.owners.shared[number].id for number in shared[is_shared]]
+        return [plain, self._split(out.filter(pa.array(is_shared)), rule_ids)]
 
     def _split(self, lines: pa.RecordBatch, rule_ids: list[str]) -> pa.RecordBatch:
         rows: list[dict[str, Any]] = []
@@ -248,19 +342,30 @@ class Totals:
         if not len(batch):
             return
         self.lines += len(batch)
-        table = pa.Table.from_batches([batch])
-        grouped = table.group_by(["BillingCurrency", "x_Owner"], use_threads=False).aggregate(
-            [("x_Cost", "sum"), ("BilledCost", "sum"), ("EffectiveCost", "sum")]
-        )
-        for row in grouped.to_pylist():
-            sums = self.by_owner.setdefault((row["BillingCurrency"], row["x_Owner"]), [ZERO, ZERO, ZERO])
-            sums[0] += row["x_Cost_sum"]
-            sums[1] += row["BilledCost_sum"]
-            sums[2] += row["EffectiveCost_sum"]
-        services = table.group_by(["BillingCurrency", "ServiceName"], use_threads=False).aggregate([("x_Cost", "sum")])
-        for row in services.to_pylist():
-            key = (row["BillingCurrency"], row["ServiceName"])
-            self.by_service[key] = self.by_service.get(key, ZERO) + row["x_Cost_sum"]
+        # one hash aggregation on an int64 key (currency, owner, service codes) gives both views
+        cache: dict = {}
+        keys, labels = np.zeros(len(batch), np.int64), []
+        for name in ("BillingCurrency", "x_Owner", "ServiceName"):
+            column = batch.column(name)
+            index = _value_index(column, cache, name)
+            values = (column.dictionary if pa.types.is_dictionary(column.type)
+                      else pc.dictionary_encode(column).dictionary).to_pylist() + [None]
+            keys = keys * len(values) + index
+            labels.append(values)
+        grouped = pa.table({"key": keys, "cost": batch.column("x_Cost"), "billed": batch.column("BilledCost"),
+                            "effective": batch.column("EffectiveCost")}).group_by("key", use_threads=False).aggregate(
+            [("cost", "sum"), ("billed", "sum"), ("effective", "sum")])
+        services, owners = len(labels[2]), len(labels[1])
+        for key, cost, billed, effective in zip(*(grouped.column(name).to_pylist() for name in (
+                "key", "cost_sum", "billed_sum", "effective_sum")), strict=True):
+            currency, owner = labels[0][key // (owners * services)], labels[1][key // services % owners]
+            service = labels[2][key % services]
+            cost, billed, effective = cost or ZERO, billed or ZERO, effective or ZERO  # unread column: null
+            sums = self.by_owner.setdefault((currency, owner), [ZERO, ZERO, ZERO])
+            sums[0] += cost
+            sums[1] += billed
+            sums[2] += effective
+            self.by_service[(currency, service)] = self.by_service.get((currency, service), ZERO) + cost
         conflicts = batch.column("x_TagConflict")
         if conflicts.null_count < len(conflicts):
             has = pc.is_valid(conflicts)
@@ -313,5 +418,29 @@ class Totals:
 def in_month(batch: pa.RecordBatch, start: datetime, end: datetime) -> pa.RecordBatch:
     """The lines of `batch` whose ChargePeriodStart is in [start, end)."""
     column = batch.column("ChargePeriodStart")
+    bounds = pc.min_max(column)
+    low, high = bounds["min"].as_py(), bounds["max"].as_py()
+    if low is not None and low >= start and high < end and column.null_count == 0:
+        return batch  # the usual case: a month's export holds that month only
     keep = pc.and_(pc.greater_equal(column, pa.scalar(start, TS)), pc.less(column, pa.scalar(end, TS)))
     return batch.filter(keep)
+
+
+def allocate_month(uri: str, owners: OwnersFile, month: str, basis: str = "EffectiveCost",
+                   splits: dict[str, Split] | None = None, batch_rows: int = 500_000) -> Totals:
+    """Parse, attribute and total `month` of a FOCUS source in one streaming pass, in process.
+
+    Reads only the columns attribution needs (the basis cost only: no invoice totals here); memory
+    is bounded by the batch size (nothing but the running totals is kept). The pipeline's stages
+    do the same plus validation of every column, outputs and invoice reconciliation.
+    """
+    from seedance_tasks.cost.ingest import month_bounds, read_focus
+
+    start, end = month_bounds(month)
+    attributor = Attributor(owners, basis, splits)
+    totals = Totals()
+    for batch, _ in read_focus(uri, batch_rows=batch_rows, columns=attributor.needed_columns(),
+                               costs=tuple(sorted({basis, *(("BilledCost", "EffectiveCost") if splits else ())}))):
+        for out in attributor.attribute(in_month(batch, start, end)):
+            totals.add(out)
+    return totals

@@ -1,5 +1,66 @@
-"""`seedance cost` subcommands."""
+"""`seedance cost` subcommands: monthly cost recovery (chargeback) and its backfill."""
+
+from __future__ import annotations
 
 import typer
 
+from seedance_tasks.cli_support import JSON_OPTION, console, emit, handle_errors, progress, table
+
 app = typer.Typer(help="Cost recovery: monthly chargeback and backfill.", no_args_is_help=True)
+
+
+@app.command("recover")
+@handle_errors
+def recover(
+    month: str = typer.Option(..., "--month", help="month to recover, YYYY-MM (by ChargePeriodStart, UTC)"),
+    billing: str = typer.Option(..., "--billing", help="billing file or folder (local, file://, s3://); ce://TAG for Cost Explorer"),
+    out: str = typer.Option(..., "--out", help="output root; the month goes to OUT/month=YYYY-MM/"),
+    owners: str = typer.Option(None, "--owners", help="owners/CMDB YAML file (default: cost.owners_file)"),
+    fmt: str = typer.Option("focus", "--format", help="focus (CSV/Parquet), cur (AWS CUR 2.0 Parquet) or ce (Cost Explorer)"),
+    basis: str = typer.Option(None, "--basis", help="EffectiveCost (amortized, default) or BilledCost"),
+    utilization: str = typer.Option(None, "--utilization", help="daily utilization CSV for the idle rule, or cloudwatch"),
+    currency: str = typer.Option(None, "--currency", help="currency of files without a BillingCurrency column"),
+    apply: bool = typer.Option(False, "--apply", help="tag idle resources, freeze quotas, notify (else dry-run)"),
+    backfill: bool = typer.Option(None, "--backfill/--current", help="force backfill mode (no side effects) or not; default: by month"),
+    refresh: bool = typer.Option(False, "--refresh", help="re-query Cost Explorer for a closed month already cached"),
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """Attribute a month's bill to owners; write allocations, statements, summary.json and a report."""
+    from seedance_tasks.cost import recover as recovery
+
+    job = recovery.prepare(month=month, billing=billing, out=out, owners=owners, format=fmt, basis=basis,
+                           apply=apply, backfill=backfill, utilization=utilization, currency=currency,
+                           refresh=refresh)
+    result = {"month": month, "backfill": job["backfill"], "apply": apply}
+    stages = [("ingest", recovery.ingest_stage), ("allocate", recovery.allocate_stage),
+              ("rules", recovery.rules_stage), ("statements", recovery.statements_stage),
+              ("report", recovery.report_stage)]
+    with progress(f"cost recovery {month}", len(stages), enabled=not as_json) as advance:
+        for name, stage in stages:
+            result[name] = stage(job)
+            advance(1)
+    from seedance_tasks import storage
+
+    root = storage.resolve(out)
+    result["summary"] = storage.read_json(root.fs, root.join(f"month={month}", "summary.json"))
+
+    def render(res: dict) -> None:
+        from decimal import Decimal
+
+        summary = res["summary"]
+        for currency_code, entry in summary["currencies"].items():
+            ranked = sorted(entry["by_owner"].items(), key=lambda item: (-abs(Decimal(item[1])), item[0]))
+            rows = [[owner, amount] for owner, amount in ranked[:25]]
+            if len(ranked) > 25:
+                rows.append([f"... {len(ranked) - 25} more (see the statements)", ""])
+            rows.append(["(unallocated)", entry["unallocated"]])
+            rows.append(["TOTAL", entry["total"]])
+            console.print(table(f"{month} {summary['basis']} by owner ({currency_code})", ["owner", "amount"], rows))
+        console.print(
+            f"{summary['lines']:,} lines, {summary['rejected_count']:,} rejected, "
+            f"{summary['tag_conflicts']['count']:,} tag conflicts, {len(summary['idle'])} idle resources, "
+            f"{len(summary['over_budget'])} over budget; actions: {res['rules']['actions']['mode']}"
+        )
+        console.print(f"outputs: {res['report']['out']}")
+
+    emit(result, as_json, render)

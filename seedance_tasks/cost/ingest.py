@@ -28,17 +28,20 @@ from seedance_tasks.cost.money import MONEY, SCALE, parse_amount
 from seedance_tasks.errors import InputError, UsageError
 
 TS = pa.timestamp("us", tz="UTC")
-TEXT_COLUMNS = [
-    "BillingAccountId", "SubAccountId", "ResourceId", "ResourceName", "ServiceName", "ChargeCategory", "Tags",
-]
+DICT = pa.dictionary(pa.int32(), pa.string())
+"""Low-cardinality text travels dictionary-encoded (as Parquet stores it): rules run per distinct value."""
+DICT_COLUMNS = ["BillingAccountId", "SubAccountId", "ServiceName", "ChargeCategory", "Tags"]
+PLAIN_COLUMNS = ["ResourceId", "ResourceName"]
+TEXT_COLUMNS = DICT_COLUMNS + PLAIN_COLUMNS
 LINES = pa.schema(
     [
         ("x_Row", pa.int64()),
         ("ChargePeriodStart", TS),
-        ("BillingCurrency", pa.string()),
+        ("BillingCurrency", DICT),
         ("BilledCost", MONEY),
         ("EffectiveCost", MONEY),
-        *[(name, pa.string()) for name in TEXT_COLUMNS],
+        *[(name, DICT) for name in DICT_COLUMNS],
+        *[(name, pa.string()) for name in PLAIN_COLUMNS],
         ("x_Estimated", pa.bool_()),
     ]
 )
@@ -118,18 +121,38 @@ def _timestamps(values: pa.Array) -> tuple[pa.Array, dict[int, str]]:
 
 
 def _text(values: pa.Array) -> pa.Array:
+    """`values` as plain strings."""
     if pa.types.is_dictionary(values.type):
         values = values.dictionary_decode()
     return values if values.type == pa.string() else pc.cast(values, pa.string())
 
 
+def as_dict(values: pa.Array) -> pa.Array:
+    """`values` as dictionary<int32, string> (Parquet's dictionary pages come through as is)."""
+    if pa.types.is_dictionary(values.type):
+        if values.type == DICT:
+            return values
+        return pa.DictionaryArray.from_arrays(pc.cast(values.indices, pa.int32()), _text(values.dictionary))
+    return pc.dictionary_encode(_text(values))
+
+
+def per_value(values: pa.Array, function) -> pa.Array:
+    """`function` applied to each distinct value of a dictionary array (or to every value)."""
+    if pa.types.is_dictionary(values.type):
+        return function(values.dictionary).take(values.indices)
+    return function(values)
+
+
 def normalise(
-    columns: dict[str, pa.Array], first_row: int, source: str, *, default_currency: str | None = None
+    columns: dict[str, pa.Array], first_row: int, source: str, *, default_currency: str | None = None,
+    costs: tuple[str, ...] = ("BilledCost", "EffectiveCost"),
 ) -> tuple[pa.RecordBatch, Rejected]:
     """One batch of FOCUS-named columns as LINES, and the rows rejected with their reasons.
 
     A missing or malformed required value (ChargePeriodStart, BillingCurrency, BilledCost,
-    EffectiveCost) or a malformed ChargePeriodEnd rejects the row; the other rows go on.
+    EffectiveCost) or a malformed ChargePeriodEnd rejects the row; the other rows go on. `costs`
+    narrows the cost columns read and checked (an allocation on one basis needs only that one);
+    the other comes back null.
     """
     length = len(next(iter(columns.values()))) if columns else 0
     reasons: dict[int, tuple[str, str]] = {}
@@ -148,7 +171,7 @@ def normalise(
                 f"{source}: no BillingCurrency column", hint="set cost.default_currency or pass --currency"
             )
         columns = {**columns, "BillingCurrency": pa.array([default_currency] * length, pa.string())}
-    for name in REQUIRED:
+    for name in ["ChargePeriodStart", *costs]:
         if name not in columns:
             raise InputError(f"{source}: no {name} column", hint="a FOCUS file needs " + ", ".join(REQUIRED))
 
@@ -158,14 +181,21 @@ def normalise(
     out["ChargePeriodStart"], bad = _timestamps(start)
     for index, reason in bad.items():
         note(index, "ChargePeriodStart", f"malformed ChargePeriodStart: {reason}")
-    currency = pc.utf8_trim_whitespace(_text(columns["BillingCurrency"]))
+    currency = as_dict(columns["BillingCurrency"])
+    trimmed = pc.utf8_trim_whitespace(currency.dictionary)
+    if not trimmed.equals(currency.dictionary):
+        currency = pc.dictionary_encode(pc.utf8_trim_whitespace(currency.dictionary_decode()))
     note_nulls(currency, "BillingCurrency")
-    malformed = pc.invert(pc.match_substring_regex(currency, r"^[A-Z]{3}$"))
+    malformed = pc.fill_null(per_value(currency, lambda v: pc.invert(pc.match_substring_regex(v, r"^[A-Z]{3}$"))),
+                             False)
     if pc.any(malformed).as_py():
-        for index in np.flatnonzero(malformed.to_numpy(zero_copy_only=False) & ~currency.is_null().to_numpy(zero_copy_only=False)):
+        for index in np.flatnonzero(malformed.to_numpy(zero_copy_only=False)):
             note(int(index), "BillingCurrency", f"malformed BillingCurrency: {currency[int(index)].as_py()!r}")
     out["BillingCurrency"] = currency
     for name in ("BilledCost", "EffectiveCost"):
+        if name not in costs:
+            out[name] = pa.nulls(length, MONEY)
+            continue
         note_nulls(columns[name], name)
         out[name], bad = _money(columns[name])
         for index, reason in bad.items():
@@ -174,7 +204,9 @@ def normalise(
         _, bad = _timestamps(columns["ChargePeriodEnd"])
         for index, reason in bad.items():
             note(index, "ChargePeriodEnd", f"malformed ChargePeriodEnd: {reason}")
-    for name in TEXT_COLUMNS:
+    for name in DICT_COLUMNS:
+        out[name] = as_dict(columns[name]) if name in columns else pa.nulls(length, DICT)
+    for name in PLAIN_COLUMNS:
         out[name] = _text(columns[name]) if name in columns else pa.nulls(length, pa.string())
     estimated = columns.get("x_Estimated")
     out["x_Estimated"] = pc.cast(estimated, pa.bool_()) if estimated is not None else pa.array(np.zeros(length, bool))
@@ -218,11 +250,11 @@ def _csv_header(fs, path: str) -> list[str]:
     return [name.strip() for name in next(csv.reader(io.StringIO(head)))]
 
 
-def _csv_batches(fs, path: str, batch_rows: int) -> Iterator[dict[str, pa.Array]]:
+def _csv_batches(fs, path: str, batch_rows: int, columns: list[str]) -> Iterator[dict[str, pa.Array]]:
     import pyarrow.csv as pacsv
 
     header = _csv_header(fs, path)
-    wanted = [name for name in header if name in READ_COLUMNS]
+    wanted = [name for name in header if name in columns]
     stream = fs.open_input_stream(path, compression="detect")
     reader = pacsv.open_csv(
         stream,
@@ -252,11 +284,11 @@ def _csv_batches(fs, path: str, batch_rows: int) -> Iterator[dict[str, pa.Array]
         stream.close()
 
 
-def _parquet_batches(fs, path: str, batch_rows: int) -> Iterator[dict[str, pa.Array]]:
+def _parquet_batches(fs, path: str, batch_rows: int, columns: list[str]) -> Iterator[dict[str, pa.Array]]:
     handle = fs.open_input_file(path)
     try:
-        parquet = pq.ParquetFile(handle)
-        wanted = [name for name in parquet.schema_arrow.names if name in READ_COLUMNS]
+        parquet = pq.ParquetFile(handle, read_dictionary=["BillingCurrency", *DICT_COLUMNS], pre_buffer=True)
+        wanted = [name for name in parquet.schema_arrow.names if name in columns]
         for batch in parquet.iter_batches(batch_size=batch_rows, columns=wanted, use_threads=True):
             yield {name: batch.column(name) for name in wanted}
     finally:
@@ -264,18 +296,25 @@ def _parquet_batches(fs, path: str, batch_rows: int) -> Iterator[dict[str, pa.Ar
 
 
 def read_focus(
-    uri: str, *, batch_rows: int = 1_000_000, default_currency: str | None = None
+    uri: str, *, batch_rows: int = 500_000, default_currency: str | None = None, columns: list[str] | None = None,
+    costs: tuple[str, ...] = ("BilledCost", "EffectiveCost"),
 ) -> Iterator[tuple[pa.RecordBatch, Rejected]]:
-    """FOCUS lines from a CSV (plain or .gz) or Parquet file, or a folder of them, local or S3."""
+    """FOCUS lines from a CSV (plain or .gz) or Parquet file, or a folder of them, local or S3.
+
+    `columns` limits what is read (ChargePeriodStart, BillingCurrency and the `costs` always
+    are); the others come back null.
+    """
+    base = {"ChargePeriodStart", "BillingCurrency", *costs}
+    wanted = READ_COLUMNS if columns is None else [name for name in READ_COLUMNS if name in {*base, *columns}]
     for location, path in billing_files(uri):
         source = posixpath.basename(path) if location.path == path else location.relative(path)
         raw = _parquet_batches if path.endswith(".parquet") else _csv_batches
         first = 1
         try:
-            for columns in raw(location.fs, path, batch_rows):
+            for columns in raw(location.fs, path, batch_rows, wanted):
                 if not columns:
                     raise InputError(f"{source}: none of the FOCUS columns {', '.join(REQUIRED)} found")
-                batch, rejected = normalise(columns, first, source, default_currency=default_currency)
+                batch, rejected = normalise(columns, first, source, default_currency=default_currency, costs=costs)
                 first += len(next(iter(columns.values())))
                 yield batch, rejected
         except (pa.ArrowInvalid, OSError) as exc:
@@ -344,7 +383,7 @@ def _cur_tags(value: Any) -> str | None:
     return json.dumps(tags, sort_keys=True) if tags else None
 
 
-def read_cur(uri: str, *, batch_rows: int = 1_000_000) -> Iterator[tuple[pa.RecordBatch, Rejected]]:
+def read_cur(uri: str, *, batch_rows: int = 500_000) -> Iterator[tuple[pa.RecordBatch, Rejected]]:
     """AWS CUR 2.0 Parquet lines as FOCUS lines: BilledCost = unblended, EffectiveCost = amortized.
 
     `resource_tags` (a map; `user_` prefixes dropped) becomes Tags; the usage account is the

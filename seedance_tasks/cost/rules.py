@@ -246,3 +246,62 @@ def act(
         if sent:
             actions["notified"].append(f"budget:{item['owner']}:{month}")
     return actions
+
+
+def instance_id(resource_id: str) -> str | None:
+    """The EC2 instance id of a resource id (`i-…` or an `…:instance/i-…` ARN), else None."""
+    tail = resource_id.rsplit("/", 1)[-1]
+    return tail if tail.startswith("i-") and (resource_id == tail or ":instance/" in resource_id) else None
+
+
+def cloudwatch_utilization(
+    resource_ids: list[str], as_of: date, days: int, client=None
+) -> tuple[dict[str, dict[date, Datapoint]], dict[str, dict[str, str]]]:
+    """Daily datapoints of EC2 instances from CloudWatch (`GetMetricData`), like `read_utilization`.
+
+    Per instance and day: CPUUtilization Maximum, NetworkIn + NetworkOut Sums. A day CloudWatch
+    has no value for stays missing (never zero). Resources that are not EC2 instances are skipped.
+    """
+    client = client or storage.boto3_client("cloudwatch")
+    start = datetime(as_of.year, as_of.month, as_of.day) - timedelta(days=days)
+    end = datetime(as_of.year, as_of.month, as_of.day)
+    instances = {resource: instance_id(resource) for resource in resource_ids}
+    instances = {resource: iid for resource, iid in instances.items() if iid}
+    values: dict[str, dict[str, dict[date, Decimal]]] = defaultdict(lambda: defaultdict(dict))
+    queries = []
+    for index, (resource, iid) in enumerate(sorted(instances.items())):
+        for metric, stat in (("CPUUtilization", "Maximum"), ("NetworkIn", "Sum"), ("NetworkOut", "Sum")):
+            queries.append(({
+                "Id": f"m{index}_{metric.lower()}",
+                "MetricStat": {"Metric": {"Namespace": "AWS/EC2", "MetricName": metric,
+                                          "Dimensions": [{"Name": "InstanceId", "Value": iid}]},
+                               "Period": 86400, "Stat": stat},
+                "ReturnData": True,
+            }, resource, metric))
+    for offset in range(0, len(queries), 500):  # GetMetricData takes 500 queries a call
+        chunk = queries[offset:offset + 500]
+        by_id = {query["Id"]: (resource, metric) for query, resource, metric in chunk}
+        token = None
+        while True:
+            kwargs = {"MetricDataQueries": [query for query, _, _ in chunk], "StartTime": start, "EndTime": end}
+            response = client.get_metric_data(**kwargs, **({"NextToken": token} if token else {}))
+            for result in response.get("MetricDataResults", []):
+                resource, metric = by_id[result["Id"]]
+                for stamp, value in zip(result.get("Timestamps", []), result.get("Values", []), strict=False):
+                    values[resource][metric][stamp.date()] = Decimal(repr(value))
+            token = response.get("NextToken")
+            if not token:
+                break
+    points: dict[str, dict[date, Datapoint]] = {}
+    for resource in sorted(instances):
+        series = values.get(resource, {})
+        days_seen = set().union(*(set(by_day) for by_day in series.values())) if series else set()
+        points[resource] = {}
+        for day in sorted(days_seen):
+            inbound, outbound = series.get("NetworkIn", {}).get(day), series.get("NetworkOut", {}).get(day)
+            points[resource][day] = Datapoint(
+                series.get("CPUUtilization", {}).get(day),
+                None if inbound is None or outbound is None else inbound + outbound,
+                None,
+            )
+    return points, {}

@@ -19,11 +19,13 @@ class CostSettings(StrictModel):
     basis: Literal["EffectiveCost", "BilledCost"] = Field(
         "EffectiveCost", description="charge basis: EffectiveCost (amortized) or BilledCost (cash)"
     )
+    billing_uri: str | None = Field(None, description="default billing source of scheduled runs; else --billing")
+    out_uri: str | None = Field(None, description="default output root of scheduled runs; else --out")
     owners_file: str | None = Field(None, description="default owners/CMDB file; else --owners")
     default_currency: str | None = Field(
         None, description="currency of billing files that have no BillingCurrency column at all"
     )
-    batch_rows: int = Field(1_000_000, gt=0, description="rows per batch; bounds memory, not the month size")
+    batch_rows: int = Field(500_000, gt=0, description="rows per batch; bounds memory, not the month size")
     # technical rule: idle resources
     idle_cpu_percent: Decimal = Field(Decimal("5"), description="idle if every daily CPU datapoint is below this")
     idle_days: int = Field(7, gt=0, description="days of datapoints (ending at the month's end) the rule looks at")

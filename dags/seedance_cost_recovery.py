@@ -1,0 +1,119 @@
+"""Cost recovery (chargeback): each month's bill attributed to owners, shared costs split,
+idle resources and over-budget owners acted on, statements and a report published.
+
+Wiring only; the work is in `seedance_tasks.cost`. Runs at 03:00 UTC on the 1st and covers the
+previous month (its data interval). Set `month` to run any month by hand. Past months (the DAG
+must be unpaused: a paused DAG's backfill runs stay queued):
+
+    airflow backfill create --dag-id seedance_cost_recovery \\
+        --from-date 2024-07-01 --to-date 2024-09-30 --dag-run-conf '{"billing": "...", "out": "..."}'
+
+runs July, August and September (logical dates 2024-07-01, 08-01, 09-01 03:00 UTC).
+
+A backfill recomputes a month's outputs (byte-identical when nothing changed) and never tags,
+freezes quotas or notifies again.
+"""
+
+from __future__ import annotations
+
+import pendulum
+from airflow.sdk import Asset, CronDataIntervalTimetable, Param, dag, get_current_context, task
+
+from seedance_tasks.dag_support import DEFAULT_ARGS, tags
+
+COST_STATEMENTS = Asset(name="seedance_cost_statements", uri="seedance://cost/statements")
+
+
+@dag(
+    dag_id="seedance_cost_recovery",
+    schedule=CronDataIntervalTimetable("0 3 1 * *", timezone="UTC"),
+    start_date=pendulum.datetime(2024, 1, 1, tz="UTC"),
+    catchup=False,
+    max_active_runs=1,
+    default_args=DEFAULT_ARGS,
+    tags=tags("cost"),
+    doc_md=__doc__,
+    params={
+        "month": Param(
+            None, type=["null", "string"], pattern=r"^\d{4}-(0[1-9]|1[0-2])$", title="Month",
+            description="YYYY-MM to recover; empty: the run's data interval (the previous month).",
+            section="Month",
+        ),
+        "billing": Param(
+            "", type="string", title="Billing source",
+            description_md="FOCUS CSV/Parquet or CUR 2.0 Parquet file or folder (local, `file://`, `s3://`), "
+            "or `ce://TAG` for Cost Explorer. Empty: `cost.billing_uri`.",
+            section="Inputs",
+        ),
+        "format": Param("focus", type="string", enum=["focus", "cur", "ce"], title="Billing format",
+                        values_display={"focus": "FOCUS", "cur": "AWS CUR 2.0", "ce": "Cost Explorer API"},
+                        section="Inputs"),
+        "owners": Param("", type="string", title="Owners / CMDB file",
+                        description="Empty: cost.owners_file.", section="Inputs"),
+        "utilization": Param(None, type=["null", "string"], title="Utilization CSV",
+                             description="Daily CPU/network/GPU CSV for the idle rule, or cloudwatch.",
+                             section="Inputs"),
+        "currency": Param(None, type=["null", "string"], title="Currency of files without BillingCurrency",
+                          section="Inputs"),
+        "out": Param("", type="string", title="Output root",
+                     description="Outputs go to OUT/month=YYYY-MM/. Empty: cost.out_uri.", section="Outputs"),
+        "basis": Param("EffectiveCost", type="string", enum=["EffectiveCost", "BilledCost"], title="Charge basis",
+                       description="Amortized (EffectiveCost) or cash (BilledCost).", section="Outputs"),
+        "apply": Param(False, type="boolean", title="Apply actions",
+                       description="Tag idle resources, freeze quotas, notify owners. Off: dry-run.",
+                       section="Actions"),
+        "backfill": Param(None, type=["null", "boolean"], title="Backfill mode",
+                          description="No side effects at all. Empty: by month (older than last month) "
+                          "or by run type (backfill runs always).", section="Actions"),
+        "refresh": Param(False, type="boolean", title="Re-query Cost Explorer",
+                         description="Query a closed month again although it is cached ($0.01 a page).",
+                         section="Actions"),
+    },
+)
+def seedance_cost_recovery():
+    @task(multiple_outputs=False)
+    def prepare(params: dict | None = None) -> dict:
+        """Decide the month and mode, finish any interrupted publish, describe the run."""
+        from seedance_tasks.cost import airflow_tasks
+
+        return airflow_tasks.prepare_task(params or {}, get_current_context())
+
+    @task(multiple_outputs=False)
+    def ingest(job: dict) -> dict:
+        """Read the billing source; keep the month's valid lines; record rejected rows."""
+        from seedance_tasks.cost import recover
+
+        return {"job": job, **recover.ingest_stage(job)}
+
+    @task(multiple_outputs=False)
+    def allocate(step: dict) -> dict:
+        """Shared-cost splits, owner tags, CMDB rules; per-owner totals."""
+        from seedance_tasks.cost import recover
+
+        return {"job": step["job"], **recover.allocate_stage(step["job"])}
+
+    @task(multiple_outputs=False)
+    def rules(step: dict) -> dict:
+        """Idle resources and over-budget owners; tagging/freezing/notifying only with apply."""
+        from seedance_tasks.cost import recover
+
+        return {"job": step["job"], **recover.rules_stage(step["job"])}
+
+    @task(multiple_outputs=False)
+    def statements(step: dict) -> dict:
+        """One CSV statement per owner and summary.json (owners + unallocated == total, checked)."""
+        from seedance_tasks.cost import recover
+
+        return {"job": step["job"], **recover.statements_stage(step["job"])}
+
+    @task(multiple_outputs=False, outlets=[COST_STATEMENTS])
+    def report(step: dict) -> dict:
+        """The HTML report; then the month's outputs replace the old ones atomically."""
+        from seedance_tasks.cost import recover
+
+        return recover.report_stage(step["job"])
+
+    report(statements(rules(allocate(ingest(prepare())))))
+
+
+seedance_cost_recovery()

@@ -1,0 +1,156 @@
+"""Attribution: tag-key variants and conflicts, re-tagging mid-month, effective-dated CMDB rules,
+shared-cost splits that sum exactly (largest remainder), FOCUS 1.3 Allocated* columns."""
+
+from __future__ import annotations
+
+import json
+from decimal import Decimal
+from fractions import Fraction
+
+import pyarrow.parquet as pq
+import pytest
+
+from seedance_tasks.cost.money import largest_remainder
+from seedance_tasks.cost.owners import tag_owner
+from seedance_tasks.cost.recover import recover_month
+from tests.cost.helpers import line, write_focus, write_owners
+
+
+def _run(tmp_path, rows, month="2024-09", **owners_content):
+    billing = write_focus(tmp_path / "billing.csv", rows)
+    owners = write_owners(tmp_path / "owners.yaml", **owners_content)
+    result = recover_month(month=month, billing=str(billing), owners=str(owners), out=str(tmp_path / "out"))
+    allocations = pq.read_table(tmp_path / "out" / f"month={month}" / "allocations.parquet").to_pylist()
+    return result["summary"], allocations
+
+
+def test_tag_keys_match_case_insensitively_ignoring_spaces_and_first_listed_wins():
+    keys = ["owner", "team"]
+    assert tag_owner({" OWNER ": "ml"}, keys) == ("ml", "owner", None)
+    assert tag_owner({"Team": "infra"}, keys) == ("infra", "team", None)
+    assert tag_owner({"team": "infra", "Owner": "ml"}, keys)[:2] == ("ml", "owner")
+    assert tag_owner({"owner": "  ", "team": "infra"}, keys)[:2] == ("infra", "team")  # blank = absent
+    assert tag_owner({"costcenter": "x"}, keys) == (None, None, None)
+
+
+def test_tag_conflicts_are_recorded_on_the_line_and_in_the_summary(tmp_path):
+    rows = [
+        line("2024-09-01 00:00:00", "1", tags={"owner": "ml", "team": "infra"}),  # two keys disagree
+        line("2024-09-02 00:00:00", "2", tags={"Owner": "ml", " owner": "data"}),  # two spellings disagree
+        line("2024-09-03 00:00:00", "4", tags={"owner": "ml", "Team": "ml"}),  # agree: no conflict
+    ]
+    summary, allocations = _run(tmp_path, rows)
+    assert summary["currencies"]["USD"]["by_owner"] == {"data": "2", "ml": "5"} or \
+        summary["currencies"]["USD"]["by_owner"] == {"ml": "5", "data": "2"}
+    assert summary["tag_conflicts"]["count"] == 2
+    assert summary["tag_conflicts"]["sample"] == [
+        {"row": 1, "tags": {"owner": ["ml"], "team": ["infra"]}},
+        {"row": 2, "tags": {"owner": ["data", "ml"]}},
+    ]
+    assert [row["x_TagConflict"] is not None for row in allocations] == [True, True, False]
+    assert allocations[0]["x_OwnerSource"] == "tag:owner"
+
+
+def test_resource_retagged_mid_month_is_split_by_line_date(tmp_path):
+    rows = [line(f"2024-09-{day:02d} 00:00:00", "10", resource="i-abc",
+                 tags={"owner": "research" if day < 16 else "platform"}) for day in range(1, 31)]
+    summary, _ = _run(tmp_path, rows)
+    assert summary["currencies"]["USD"]["by_owner"] == {"platform": "150", "research": "150"}
+
+
+def test_cmdb_rules_are_effective_dated_and_tried_in_order(tmp_path):
+    rules = [
+        {"id": "old-mapping", "owner": "legacy", "match": {"sub_account": "4*"}, "valid_to": "2024-09-15"},
+        {"id": "new-mapping", "owner": "modern", "match": {"sub_account": "4*"}, "valid_from": "2024-09-15"},
+        {"id": "s3", "owner": "storage", "match": {"service": "Amazon S3"}},
+        {"id": "by-tag", "owner": "envs", "match": {"tag": {" ENV": "prod"}}},
+    ]
+    rows = [
+        line("2024-09-14 23:00:00", "1", sub_account="4001"),
+        line("2024-09-15 00:00:00", "2", sub_account="4001"),
+        line("2024-09-16 00:00:00", "4", sub_account="5001", service="Amazon S3"),
+        line("2024-09-16 00:00:00", "8", sub_account="5001", tags={"env": "prod"}),
+        line("2024-09-16 00:00:00", "16", sub_account="4001", tags={"team": "ml"}),  # tags first
+        line("2024-09-16 00:00:00", "32", sub_account="5001"),
+    ]
+    summary, allocations = _run(tmp_path, rows, rules=rules)
+    usd = summary["currencies"]["USD"]
+    assert usd["by_owner"] == {"envs": "8", "legacy": "1", "ml": "16", "modern": "2", "storage": "4"}
+    assert usd["unallocated"] == "32"
+    assert [row["x_OwnerSource"] for row in allocations] == [
+        "rule:old-mapping", "rule:new-mapping", "rule:s3", "rule:by-tag", "tag:team", None]
+    # a backfill of an older month uses the mapping in force then
+    old, _ = _run(tmp_path, [line("2024-06-01 00:00:00", "5", sub_account="4001")], month="2024-06", rules=rules)
+    assert old["currencies"]["USD"]["by_owner"] == {"legacy": "5"}
+
+
+@pytest.mark.parametrize("total, weights, quantum", [
+    (Decimal("100"), [1, 1, 1], Decimal("0.01")),
+    (Decimal("-2.6137"), [Fraction(2, 3), Fraction(1, 3)], Decimal("0.01")),
+    (Decimal("0.000000080000"), [5, 3, 2, 7], Decimal("0.01")),
+    (Decimal("8760.00"), [Fraction(1, 7)] * 7, Decimal("0.01")),
+    (Decimal("0.05"), [1] * 9, Decimal("0.01")),
+])
+def test_largest_remainder_sums_exactly(total, weights, quantum):
+    parts = largest_remainder(total, weights, quantum)
+    assert sum(parts) == total
+    unit = min(quantum, Decimal(1).scaleb(total.normalize().as_tuple().exponent))
+    exact = [total * Decimal(Fraction(w).numerator) / Decimal(Fraction(w).denominator)
+             / (sum(Decimal(Fraction(x).numerator) / Decimal(Fraction(x).denominator) for x in weights))
+             for w in weights]
+    assert all(abs(part - share) < unit for part, share in zip(parts, exact, strict=True))
+
+
+def test_largest_remainder_gives_leftover_units_to_largest_remainders():
+    assert largest_remainder(Decimal("100"), [1, 1, 1], Decimal("0.01")) == [
+        Decimal("33.34"), Decimal("33.33"), Decimal("33.33")]
+    assert largest_remainder(Decimal("1"), [Fraction(1, 10), Fraction(9, 10)], Decimal("0.01")) == [
+        Decimal("0.10"), Decimal("0.90")]
+    with pytest.raises(ValueError):
+        largest_remainder(Decimal("1"), [0, 0], Decimal("0.01"))
+
+
+def test_shared_costs_split_exactly_by_usage_and_storage_recency(tmp_path):
+    usage = tmp_path / "usage"
+    usage.mkdir()
+    (usage / "kafka-2024-09.csv").write_text("owner,partitions,bytes\nml,10,100\ndata,20,100\nweb,0,100\n")
+    (usage / "lake-2024-09.csv").write_text(
+        "owner,gb_months,last_access\nml,100,2024-09-25\ndata,100,2024-07-15\narchive,100,2023-01-01\n")
+    shared = [
+        {"id": "kafka", "match": {"resource_id": "arn:*:kafka:*"}, "method": "usage_share",
+         "usage": "usage/kafka-{month}.csv", "weights": {"partitions": "0.5", "bytes": "0.5"}},
+        {"id": "lake", "match": {"service": "Amazon S3"}, "method": "storage_recency", "usage": "usage/lake-{month}.csv",
+         "recency": [{"max_age_days": 30, "weight": "1"}, {"max_age_days": 90, "weight": "0.5"}, {"weight": "0.2"}]},
+    ]
+    rows = [
+        line("2024-09-01 00:00:00", "100.00", "90.01", resource="arn:aws:kafka:us-east-1:1:cluster/a",
+             tags={"owner": "platform"}),
+        line("2024-09-02 00:00:00", "0.07", resource="arn:aws:kafka:us-east-1:1:cluster/a"),
+        line("2024-09-03 00:00:00", "17", service="Amazon S3"),
+        line("2024-09-04 00:00:00", "5", tags={"owner": "ml"}),
+    ]
+    summary, allocations = _run(tmp_path, rows, shared=shared)
+    kafka = [row for row in allocations if row["AllocatedMethodId"] == "kafka"]
+    # weights: ml 0.5*1/3+0.5*1/3 = 1/3, data 0.5*2/3+0.5*1/3 = 1/2, web 0.5*0+0.5*1/3 = 1/6
+    first = {row["x_Owner"]: row["EffectiveCost"] for row in kafka if row["x_Row"] == 1}
+    assert first == {"data": Decimal("45.01"), "ml": Decimal("30.00"), "web": Decimal("15.00")}
+    assert sum(row["BilledCost"] for row in kafka if row["x_Row"] == 1) == Decimal("100.00")
+    assert sum(row["EffectiveCost"] for row in kafka if row["x_Row"] == 2) == Decimal("0.07")
+    details = json.loads(kafka[0]["AllocatedMethodDetails"])
+    assert details["method"] == "usage_share" and details["rounding"] == "largest-remainder"
+    lake = {row["x_Owner"]: row["EffectiveCost"] for row in allocations if row["AllocatedMethodId"] == "lake"}
+    # weights 100*1 : 100*0.5 : 100*0.2 = 10:5:2 of 17
+    assert lake == {"ml": Decimal("10"), "data": Decimal("5"), "archive": Decimal("2")}
+    usd = summary["currencies"]["USD"]
+    assert Decimal(usd["total"]) == Decimal("90.01") + Decimal("0.07") + 17 + 5
+    assert sum(map(Decimal, usd["by_owner"].values())) + Decimal(usd["unallocated"]) == Decimal(usd["total"])
+    assert usd["unallocated"] == "0" and "platform" not in usd["by_owner"]  # the shared rule comes first
+    assert set(summary["shared"]) == {"kafka", "lake"}
+
+
+def test_missing_usage_file_leaves_lines_unsplit_with_a_warning(tmp_path):
+    shared = [{"id": "kafka", "match": {"service": "MSK"}, "method": "usage_share",
+               "usage": "nowhere/{month}.csv", "weights": {"bytes": "1"}}]
+    summary, allocations = _run(tmp_path, [line("2024-09-01 00:00:00", "3", service="MSK")], shared=shared)
+    assert summary["currencies"]["USD"]["unallocated"] == "3"
+    assert "kafka" in summary["warnings"][0] and allocations[0]["AllocatedMethodId"] is None
