@@ -47,6 +47,8 @@ COST_STATEMENTS = Asset(name="seedance_cost_statements", uri="seedance://cost/st
         ),
         "format": Param("focus", type="string", enum=["focus", "cur", "ce"], title="Billing format",
                         values_display={"focus": "FOCUS", "cur": "AWS CUR 2.0", "ce": "Cost Explorer API"},
+                        description="How the billing data is laid out: FOCUS (CSV/Parquet), CUR 2.0 Parquet, "
+                        "or the Cost Explorer API.",
                         section="Inputs"),
         "owners": Param("", type="string", title="Owners / CMDB file",
                         description="Empty: cost.owners_file.", section="Inputs"),
