@@ -56,6 +56,8 @@ COST_STATEMENTS = Asset(name="seedance_cost_statements", uri="seedance://cost/st
                              description="Daily CPU/network/GPU CSV for the idle rule, or cloudwatch.",
                              section="Inputs"),
         "currency": Param(None, type=["null", "string"], title="Currency of files without BillingCurrency",
+                          description="ISO 4217 code (e.g. USD) for billing files that lack a BillingCurrency "
+                          "column; empty: cost.default_currency, else such files are refused.",
                           section="Inputs"),
         "out": Param("", type="string", title="Output root",
                      description="Outputs go to OUT/month=YYYY-MM/. Empty: cost.out_uri.", section="Outputs"),
