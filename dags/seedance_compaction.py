@@ -53,7 +53,7 @@ COMPACTED_LAKE = Asset(name="seedance_compacted_lake", uri="seedance://compactio
     },
 )
 def seedance_compaction():
-    @task
+    @task(multiple_outputs=False)
     def plan(params: dict | None = None) -> dict:
         """Finish any interrupted run, list the lake once, save the plan; return its groups."""
         from seedance_tasks.compaction import airflow_tasks
@@ -65,21 +65,21 @@ def seedance_compaction():
         """The plan's partition groups, one mapped `compact` task each."""
         return planned["groups"]
 
-    @task(max_active_tis_per_dagrun=8)
+    @task(multiple_outputs=False, max_active_tis_per_dagrun=8)
     def compact(group: dict) -> dict:
         """Rewrite one group of partitions: write hidden, verify, publish, retire to trash."""
         from seedance_tasks.compaction import airflow_tasks
 
         return airflow_tasks.compact_group_task(group)
 
-    @task(outlets=[COMPACTED_LAKE], trigger_rule="none_failed_min_one_success")
+    @task(multiple_outputs=False, outlets=[COMPACTED_LAKE], trigger_rule="none_failed_min_one_success")
     def report(planned: dict, results: list[dict]) -> dict:
         """One summary for the run (files, bytes, rows, skipped, quarantined, estimated saving)."""
         from seedance_tasks.compaction import airflow_tasks
 
         return airflow_tasks.report_task(planned, [results[i] for i in range(len(results))])
 
-    @task(trigger_rule="none_failed_min_one_success")
+    @task(multiple_outputs=False, trigger_rule="none_failed_min_one_success")
     def purge_trash(summary: dict, params: dict | None = None) -> dict:
         """Free the bytes of trash runs older than `purge_older_than`."""
         from seedance_tasks.compaction import airflow_tasks

@@ -18,10 +18,26 @@ from typing import Any
 __all__ = ["save", "load", "latest_step", "load_tensor"]
 
 
-def _settings(**overrides: Any):
-    from seedance_tasks.config import load_settings, settings_with
+_LOADED: dict[tuple, Any] = {}
 
-    return settings_with(load_settings(), "checkpoint", **overrides)
+
+def _settings(**overrides: Any):
+    """The `checkpoint:` settings with `overrides`; the config file is parsed again only when it
+    or the SEEDANCE__* environment changes (a training loop saves often; parsing costs ~25 ms)."""
+    import os
+
+    from seedance_tasks.config import CONFIG_ENV, DEFAULT_CONFIG, ENV_PREFIX, load_settings, settings_with
+
+    path = os.environ.get(CONFIG_ENV) or str(DEFAULT_CONFIG)
+    try:
+        stamp = os.stat(path).st_mtime_ns
+    except OSError:
+        stamp = None
+    key = (path, stamp, tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith(ENV_PREFIX))))
+    if key not in _LOADED:
+        _LOADED.clear()
+        _LOADED[key] = load_settings()
+    return settings_with(_LOADED[key], "checkpoint", **overrides)
 
 
 def save(state: Any, store: str, run: str, step: int, **options: Any) -> dict:
@@ -31,8 +47,9 @@ def save(state: Any, store: str, run: str, step: int, **options: Any) -> dict:
     Options: codec (auto|zstd|lz4|bgzstd|delta), keyframe_every, lossy ("bf16"), metrics (dict,
     e.g. {"val_loss": 1.9}, for retention), tags, and any `checkpoint:` setting (zstd_level,
     chunk_size, workers, cache_base...). The manifest is written last: a crash leaves the whole
-    checkpoint or none. The last saved state's bytes stay in memory (cache_base) so the next
-    save deltas against it without reading the store. Saving a committed step again is refused.
+    checkpoint or none. The bytes of the states that later saves will delta against stay in
+    memory (cache_base; at most 2 with K=8), so a save never reads the store back. Saving a
+    committed step again is refused (RefusedError).
     """
     from seedance_tasks.checkpoint.store import save_state
 
@@ -55,13 +72,9 @@ def load(store: str, run: str, step: int | None = None) -> Any:
 
 def load_tensor(store: str, run: str, step: int | None, name: str):
     """One tensor of a checkpoint (by its manifest name), reading only that tensor's chunks."""
-    from seedance_tasks.checkpoint.store import load_state
+    from seedance_tasks.checkpoint.store import load_tensors
 
-    _state, manifest = load_state(str(store), run, step, names=[name])
-    index = next(i for i, entry in enumerate(manifest["tensors"]) if entry["name"] == name)
-    from seedance_tasks.checkpoint.tree import flatten
-
-    return flatten(_state)[1][0][1] if index is not None else None
+    return load_tensors(str(store), run, step, [name])[name]
 
 
 def latest_step(store: str, run: str) -> int | None:

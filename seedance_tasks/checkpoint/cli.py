@@ -28,10 +28,22 @@ def put(
     codec: str = typer.Option("auto", help="auto | zstd | lz4 | bgzstd | delta"),
     keyframe_every: int = typer.Option(None, "--keyframe-every", min=1, help="store every K-th checkpoint full"),
     lossy: str = typer.Option(None, "--lossy", help="bf16: opt-in lossy downcast of float32/64 tensors"),
+    metric: list[str] = typer.Option(None, "--metric", help="NAME=VALUE recorded for retention (e.g. val_loss=1.9)"),
+    tag: list[str] = typer.Option(None, "--tag", help="a tag recorded in the manifest (e.g. release)"),
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Compress a raw checkpoint into the store (delta against the previous step where it pays)."""
     import os
+
+    from seedance_tasks.errors import UsageError
+
+    metrics = {}
+    for item in metric or []:
+        key, _, value = item.partition("=")
+        try:
+            metrics[key.strip()] = float(value)
+        except ValueError:
+            raise UsageError(f"--metric {item!r} is not NAME=NUMBER", hint="e.g. --metric val_loss=1.93") from None
 
     from seedance_tasks.checkpoint import _settings
     from seedance_tasks.checkpoint.files import read_checkpoint
@@ -42,7 +54,8 @@ def put(
     with progress("compressing", None, enabled=not as_json) as advance:
         result = save_state(
             state, store, run, step, settings=settings, codec=codec, keyframe_every=keyframe_every,
-            lossy=lossy, source={"file": os.path.abspath(src), "size": os.path.getsize(src)}, progress=advance,
+            lossy=lossy, metrics=metrics, tags=tag or (),
+            source={"file": os.path.abspath(src), "size": os.path.getsize(src)}, progress=advance,
         )
 
     def render(res: dict) -> None:

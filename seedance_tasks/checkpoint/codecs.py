@@ -3,11 +3,19 @@
 Every function works on one chunk of a tensor's raw bytes (a C-contiguous `numpy.uint8` array)
 whose length is a multiple of the element width. Byte grouping splits each element's bytes into
 planes (all first bytes, then all second bytes, ...) so that the slowly varying sign/exponent
-bytes sit together and entropy-code well (the ZipNN idea). A delta is taken against the same
-chunk of the same tensor in the base checkpoint, on the bit patterns seen as unsigned integers:
-`xor` (a ^ b) or `sub` (a - b, wrapping), then byte-grouped and zstd-compressed. zstd frames
-carry a content checksum, so damage to a compressed chunk is caught before the sha256 check.
-Compression and decompression release the GIL, so chunks run in parallel on threads.
+bytes sit together and entropy-code well (the ZipNN idea). Each plane is then stored on its own,
+zstd-compressed or raw as the tensor's plane `mask` says (`z`/`r` per plane, chosen on a sample:
+the low mantissa bytes of floats do not compress, and skipping them doubles the speed).
+
+A delta is taken against the same chunk of the same tensor in the base checkpoint, on the bit
+patterns seen as unsigned integers: `xor` (a ^ b), `sub` (a - b, wrapping, on whole elements) or
+`bsub` (a - b on each byte plane, wrapping per byte: nearly as small as `sub` on floats), then
+byte-grouped. XOR and `bsub` commute with byte grouping, so a chain of them is undone plane by
+plane and ungrouped once; `auto` prefers them unless `sub` is clearly smaller (SUB_MARGIN). zstd frames carry a content checksum; every chunk also has a sha256 in the
+manifest. Compression and decompression release the GIL, so chunks run in parallel on threads.
+
+Grouped payload layout: `width` little-endian uint32 segment lengths (high bit set: the plane is
+stored raw, else it is one zstd frame), then the segments.
 """
 
 from __future__ import annotations
@@ -19,8 +27,15 @@ import numpy as np
 import zstandard
 
 FULL_CODECS = ("zstd", "lz4", "bgzstd")
-DELTA_CODECS = ("delta-xor", "delta-sub")
+DELTA_CODECS = ("delta-xor", "delta-sub", "delta-bsub")
+PLANE_DELTAS = ("delta-xor", "delta-bsub")  # undone plane by plane: a chain of them is ungrouped once
+GROUPED_CODECS = ("bgzstd", *DELTA_CODECS)
+SUB_MARGIN = 0.06  # delta-sub must beat the best plane-wise delta by this much: it costs two ungroupings per level
 ALL_CODECS = FULL_CODECS + DELTA_CODECS
+RAW_PLANE_RATIO = 0.97  # a plane that zstd does not shrink below this is stored raw
+SAMPLE_BYTES = 64 * 1024
+RAW_FLAG = 1 << 31  # high bit of a segment length: the plane is stored raw
+_BLOCK = 1 << 16  # elements per ungroup step: temporaries stay in the L2 cache
 
 _UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 _local = threading.local()
@@ -42,29 +57,44 @@ def _decompressor() -> zstandard.ZstdDecompressor:
     return found
 
 
-def group(raw: np.ndarray, width: int) -> np.ndarray:
-    """The byte planes of `raw` (elements of `width` bytes), plane after plane, contiguous."""
+def group(raw: np.ndarray, width: int) -> list[np.ndarray]:
+    """The byte planes of `raw` (elements of `width` bytes): `width` contiguous uint8 arrays."""
     if width == 1 or raw.size == 0:
-        return raw
-    return np.ascontiguousarray(raw.reshape(-1, width).T)
-
-
-def ungroup(planes: np.ndarray, width: int, out: np.ndarray) -> None:
-    """Write the elements whose byte planes are `planes` into `out` (uint8, same length)."""
-    if width == 1 or planes.size == 0:
-        out[:] = planes
-        return
-    count = planes.size // width
-    rows = planes.reshape(width, count)
+        return [raw]
     kind = _UINT.get(width)
     if kind is None:
-        out.reshape(count, width)[:] = rows.T
+        return list(np.ascontiguousarray(raw.reshape(-1, width).T))
+    values = raw.view(kind)
+    planes = [np.empty(values.size, dtype=np.uint8) for _ in range(width)]
+    shifts = [kind(8 * index) for index in range(width)]
+    for start in range(0, values.size, _BLOCK):  # blocked shifts: ~2x a transpose, in cache
+        block = values[start : start + _BLOCK]
+        for index in range(width):
+            np.copyto(planes[index][start : start + _BLOCK], block >> shifts[index], casting="unsafe")
+    return planes
+
+
+def ungroup(planes: list[np.ndarray], width: int, out: np.ndarray) -> None:
+    """Write the elements whose byte planes are `planes` into `out` (uint8, width * plane length)."""
+    if width == 1 or out.size == 0:
+        out[:] = planes[0]
         return
-    # little-endian: plane i holds bits 8i..8i+7; shifting whole planes is ~3x faster than a transpose
+    count = out.size // width
+    kind = _UINT.get(width)
+    if kind is None:
+        view = out.reshape(count, width)
+        for index, plane in enumerate(planes):
+            view[:, index] = plane
+        return
+    # little-endian: plane i holds bits 8i..8i+7; shifting whole planes beats a strided transpose
     target = out.view(kind)
-    np.copyto(target, rows[0], casting="unsafe")
-    for index in range(1, width):
-        target |= rows[index].astype(kind) << kind(8 * index)
+    shifts = [kind(8 * index) for index in range(width)]
+    for start in range(0, count, _BLOCK):
+        stop = min(start + _BLOCK, count)
+        block = target[start:stop]
+        np.copyto(block, planes[0][start:stop], casting="unsafe")
+        for index in range(1, width):
+            block |= planes[index][start:stop].astype(kind) << shifts[index]
 
 
 def _as_int(raw: np.ndarray, width: int) -> np.ndarray:
@@ -78,58 +108,124 @@ def delta(op: str, current: np.ndarray, base: np.ndarray, width: int) -> np.ndar
     return out.view(np.uint8)
 
 
-def undelta(op: str, diff: np.ndarray, base: np.ndarray, width: int, out: np.ndarray) -> None:
-    """Inverse of `delta` into `out`: 'xor' -> d ^ b, 'sub' -> d + b (wrapping)."""
-    d, b, o = _as_int(diff, width), _as_int(base, width), _as_int(out, width)
-    if op == "xor":
-        np.bitwise_xor(d, b, out=o)
-    else:
-        np.add(d, b, out=o)
+def _pack(planes: list[np.ndarray], mask: str, level: int) -> list:
+    segments = [
+        _compressor(level).compress(plane) if mode == "z" else plane
+        for plane, mode in zip(planes, mask, strict=True)
+    ]
+    lengths = [len(seg) | (RAW_FLAG if mode != "z" else 0) for seg, mode in zip(segments, mask, strict=True)]
+    return [np.array(lengths, dtype="<u4").tobytes(), *segments]
 
 
-def encode(codec: str, raw: np.ndarray, width: int, level: int, base: np.ndarray | None = None) -> bytes:
-    """The compressed bytes of one chunk under `codec` (a delta codec needs `base`)."""
+def payload_size(payload) -> int:
+    """Bytes of an encoded chunk (a bytes object or a list of buffers)."""
+    return len(payload) if isinstance(payload, bytes) else sum(memoryview(part).nbytes for part in payload)
+
+
+def encode(codec: str, raw: np.ndarray, width: int, level: int, base: np.ndarray | None = None,
+           mask: str | None = None):
+    """One chunk encoded under `codec` (a delta codec needs `base`): bytes, or a list of buffers
+    (grouped codecs, to spare a copy of the raw planes) that are written one after the other."""
     if codec == "zstd":
         return _compressor(level).compress(raw)
     if codec == "lz4":
         return lz4.block.compress(raw, store_size=False)
+    planes = _delta_planes(codec, raw, base, width)
+    return _pack(planes, mask or "z" * len(planes), level)
+
+
+def _delta_planes(codec: str, raw: np.ndarray, base: np.ndarray | None, width: int) -> list[np.ndarray]:
+    """The byte planes that `codec` stores for `raw` (against `base` for a delta)."""
     if codec == "bgzstd":
-        return _compressor(level).compress(group(raw, width))
-    if codec in DELTA_CODECS:
-        if base is None or base.size != raw.size:
-            raise ValueError(f"{codec} needs a base chunk of {raw.size} bytes")
-        op = "xor" if codec == "delta-xor" else "sub"
-        return _compressor(level).compress(group(delta(op, raw, base, width), width))
-    raise ValueError(f"unknown codec {codec!r}")
+        return group(raw, width)
+    if codec not in DELTA_CODECS:
+        raise ValueError(f"unknown codec {codec!r}")
+    if base is None or base.size != raw.size:
+        raise ValueError(f"{codec} needs a base chunk of {raw.size} bytes")
+    if codec == "delta-bsub":
+        return [np.subtract(a, b) for a, b in zip(group(raw, width), group(base, width), strict=True)]
+    return group(delta("xor" if codec == "delta-xor" else "sub", raw, base, width), width)
 
 
-def decode(codec: str, payload, raw_size: int, width: int, out: np.ndarray, base: np.ndarray | None = None) -> None:
-    """Decode one chunk into `out` (uint8, `raw_size` bytes). Raises ValueError on damaged data."""
+def _unpack(payload, raw_size: int, width: int) -> list[np.ndarray]:
+    """The byte planes of a grouped payload (raw planes are views of `payload`, read-only)."""
+    count = 1 if width == 1 or raw_size == 0 else width
+    plane_size = raw_size // count
+    buffer = memoryview(payload)
+    lengths = np.frombuffer(buffer[: 4 * count], dtype="<u4")
+    if lengths.size != count:
+        raise ValueError("chunk header is truncated")
+    planes, offset = [], 4 * count
+    for entry in lengths.tolist():
+        length, stored_raw = entry & ~RAW_FLAG, bool(entry & RAW_FLAG)
+        segment = buffer[offset : offset + length]
+        if len(segment) != length:
+            raise ValueError("chunk is truncated")
+        offset += length
+        if stored_raw:
+            if length != plane_size:
+                raise ValueError(f"a raw plane holds {length} bytes, not {plane_size}")
+            planes.append(np.frombuffer(segment, dtype=np.uint8))
+        else:
+            data = _decompressor().decompress(segment, max_output_size=plane_size)
+            if len(data) != plane_size:
+                raise ValueError(f"a plane decoded to {len(data)} bytes, not {plane_size}")
+            planes.append(np.frombuffer(data, dtype=np.uint8))
+    if offset != len(buffer):
+        raise ValueError("chunk has trailing bytes")
+    return planes
+
+
+def decode_planes(codec: str, payload, raw_size: int, width: int) -> tuple[list[np.ndarray] | np.ndarray, bool]:
+    """Decode one chunk without its base: (planes, True) for grouped codecs, (raw bytes, False) else.
+
+    Raises ValueError on damaged data.
+    """
     try:
         if codec == "lz4":
             data = lz4.block.decompress(payload, uncompressed_size=raw_size)
-        else:
+        elif codec == "zstd":
             data = _decompressor().decompress(payload, max_output_size=raw_size)
+        elif codec in GROUPED_CODECS:
+            return _unpack(payload, raw_size, width), True
+        else:
+            raise ValueError(f"unknown codec {codec!r}")
     except (zstandard.ZstdError, lz4.block.LZ4BlockError) as exc:
         raise ValueError(f"compressed data is damaged ({exc})") from None
     if len(data) != raw_size:
         raise ValueError(f"decoded {len(data)} bytes where {raw_size} were stored")
-    plain = np.frombuffer(data, dtype=np.uint8)
-    if codec in ("zstd", "lz4"):
-        out[:] = plain
-    elif codec == "bgzstd":
-        ungroup(plain, width, out)
-    elif codec in DELTA_CODECS:
+    return np.frombuffer(data, dtype=np.uint8), False
+
+
+def decode(codec: str, payload, raw_size: int, width: int, out: np.ndarray, base: np.ndarray | None = None) -> None:
+    """Decode one chunk into `out` (uint8, `raw_size` bytes); a delta needs `base` (raw bytes)."""
+    try:
+        decoded, grouped = decode_planes(codec, payload, raw_size, width)
+    except zstandard.ZstdError as exc:
+        raise ValueError(f"compressed data is damaged ({exc})") from None
+    if codec in DELTA_CODECS:
         if base is None or base.size != raw_size:
             raise ValueError(f"{codec} needs a base chunk of {raw_size} bytes")
-        ungroup(plain, width, out)
-        undelta("xor" if codec == "delta-xor" else "sub", out, base, width, out)
+        if codec == "delta-bsub":
+            ungroup([np.add(d, b) for d, b in zip(decoded, group(base, width), strict=True)], width, out)
+            return
+        ungroup(decoded, width, out)
+        d, b, o = _as_int(out, width), _as_int(base, width), _as_int(out, width)
+        (np.bitwise_xor if codec == "delta-xor" else np.add)(d, b, out=o)
+    elif grouped:
+        ungroup(decoded, width, out)
     else:
-        raise ValueError(f"unknown codec {codec!r}")
+        out[:] = decoded
 
 
-def sample(raw: np.ndarray, width: int, size: int = 256 * 1024) -> list[slice]:
-    """Up to two slices of about `size/2` bytes (start and middle), aligned to `width`, to try codecs on."""
+def _plane_sizes(planes: list[np.ndarray], level: int) -> list[tuple[int, int]]:
+    return [(len(_compressor(level).compress(plane)), plane.size) for plane in planes]
+
+
+def sample(raw: np.ndarray, width: int, size: int = SAMPLE_BYTES) -> list[slice]:
+    """Two slices (start and middle) of about `size/2` bytes, aligned to `width`, to try codecs on;
+    at most 1/8 of a small tensor (so trying four codecs costs half a compression of it)."""
+    size = min(size, max(8192, raw.size // 8))
     if raw.size <= size:
         return [slice(0, raw.size)]
     half = (size // 2) // width * width
@@ -137,21 +233,42 @@ def sample(raw: np.ndarray, width: int, size: int = 256 * 1024) -> list[slice]:
     return [slice(0, half), slice(middle, middle + half)]
 
 
-def choose(
-    raw: np.ndarray, width: int, level: int, base: np.ndarray | None, min_delta_gain: float, *, floats: bool
-) -> str:
-    """The codec `auto` picks for one tensor: the smallest on a sample; a delta only if it pays."""
+def estimate(codec: str, raw: np.ndarray, width: int, level: int, base: np.ndarray | None) -> tuple[int, str]:
+    """(estimated bytes on a sample, plane mask) of `codec` on one tensor."""
+    if codec in ("zstd", "lz4"):
+        return sum(payload_size(encode(codec, raw[s], width, level)) for s in sample(raw, width)), ""
+    totals: list[list[int]] = []
+    for span in sample(raw, width):
+        sizes = _plane_sizes(_delta_planes(codec, raw[span], base[span] if base is not None else None, width), level)
+        totals = [[a + c, b + r] for (a, b), (c, r) in zip(totals, sizes, strict=True)] if totals else [
+            [c, r] for c, r in sizes]
+    mask = "".join("z" if packed < RAW_PLANE_RATIO * plain else "r" for packed, plain in totals)
+    size = sum(packed if mode == "z" else plain for (packed, plain), mode in zip(totals, mask, strict=True))
+    return size, mask
+
+
+def choose(raw: np.ndarray, width: int, level: int, base: np.ndarray | None, min_delta_gain: float,
+           candidates: tuple[str, ...] = ("bgzstd", *DELTA_CODECS)) -> tuple[str, str]:
+    """(codec, plane mask) for one tensor: the smallest on a sample among `candidates`; a delta only if it pays.
+
+    `delta-sub` is taken only when it beats the best plane-wise delta by SUB_MARGIN (restores of
+    plane-wise chains are cheaper)."""
     if raw.size < 4096:
-        return "zstd"
-    spans = sample(raw, width)
-    full_candidates = ["bgzstd", "zstd"] if not floats and width > 1 else ["bgzstd"] if width > 1 else ["zstd"]
-    sizes = {c: sum(len(encode(c, raw[s], width, level)) for s in spans) for c in full_candidates}
-    best_full = min(sizes, key=sizes.__getitem__)
+        return ("zstd", "") if "zstd" in candidates or "bgzstd" in candidates else (candidates[0], "z" * width)
+    full = [c for c in candidates if c in FULL_CODECS and (c != "bgzstd" or width > 1)] or ["zstd"]
+    sizes = {c: estimate(c, raw, width, level, None) for c in full}
+    best_full = min(sizes, key=lambda c: sizes[c][0])
     if base is None:
-        return best_full
-    ops = ["delta-xor", "delta-sub"] if width in _UINT else ["delta-xor"]
-    deltas = {c: sum(len(encode(c, raw[s], width, level, base[s])) for s in spans) for c in ops}
-    best_delta = min(deltas, key=deltas.__getitem__)
-    if deltas[best_delta] <= (1 - min_delta_gain) * sizes[best_full]:
-        return best_delta
-    return best_full
+        return best_full, sizes[best_full][1]
+    ops = [c for c in candidates if c in DELTA_CODECS and (c != "delta-sub" or width in _UINT)]
+    deltas = {c: estimate(c, raw, width, level, base) for c in ops}
+    if deltas:
+        best_delta = min(deltas, key=lambda c: deltas[c][0])
+        plane_wise = [c for c in deltas if c in PLANE_DELTAS]
+        if best_delta == "delta-sub" and plane_wise:
+            best_plane = min(plane_wise, key=lambda c: deltas[c][0])
+            if deltas["delta-sub"][0] > (1 - SUB_MARGIN) * deltas[best_plane][0]:
+                best_delta = best_plane
+        if deltas[best_delta][0] <= (1 - min_delta_gain) * sizes[best_full][0]:
+            return best_delta, deltas[best_delta][1]
+    return best_full, sizes[best_full][1]

@@ -18,6 +18,9 @@ class CheckpointSettings(StrictModel):
     codec: Codec = Field("auto", description="auto | zstd | lz4 | bgzstd (byte-grouped zstd) | delta")
     zstd_level: int = Field(1, ge=-7, le=22, description="zstd level of every zstd-based codec")
     keyframe_every: int = Field(8, ge=1, description="every K-th checkpoint of a run is stored full")
+    delta_reference: Literal["skip", "previous"] = Field(
+        "skip", description="base of a delta: skip-list in the keyframe group (restore reads <= log2 K) or previous"
+    )
     min_delta_gain: float = Field(
         0.02, ge=0, lt=1, description="a tensor's delta must save this fraction over full, else stored full"
     )
@@ -29,6 +32,6 @@ class CheckpointSettings(StrictModel):
     )
     workers: int = Field(0, ge=0, description="compression threads; 0 = one per core")
     cache_base: bool = Field(
-        True, description="keep the last saved state's bytes in memory so the next save() deltas without a read"
+        True, description="keep in memory the states later save() calls delta against (<= 2 for K=8)"
     )
     inbox_min_age: Duration = Field(60, description="inbox files younger than this are left (still being written)")

@@ -12,6 +12,9 @@ Layout and manifest (format `seedance-checkpoint/1`), which GC and tiering rely 
 - `base`: `{step, id}` of the checkpoint this one's deltas are against (null for a keyframe),
   `chain`: every step a restore reads besides this one, nearest first (the keyframe last), and
   `depth` = len(chain). GC must keep every step in the `chain` of a kept checkpoint.
+- `group`: the steps of this checkpoint's keyframe group so far (keyframe first, this one last);
+  the next save picks its base from it (`base_position`: skip-list references, so `depth` stays
+  <= log2(K)). A missing group member only means the next save starts a new keyframe.
 - `metrics`, `tags`, `stats` (raw/stored bytes, ratio, seconds), `source`, `created_at`, `id`.
 
 A checkpoint is immutable once committed. A step directory without a manifest is an interrupted
@@ -152,7 +155,9 @@ class _Prepared:
     raw: np.ndarray
     width: int
     lossy: str | None = None
+    original_bytes: int = 0
     codec: str = ""
+    mask: str = ""
     base: np.ndarray | None = None
     base_step: int | None = None
     chunks: list[dict] = field(default_factory=list)
@@ -178,6 +183,7 @@ def _prepare(name: str, tensor, lossy: str | None, lossy_min_elements: int) -> _
         raw=_raw_bytes(stored),
         width=stored.element_size(),
         lossy=applied,
+        original_bytes=tensor.numel() * tensor.element_size(),
     )
 
 
@@ -194,16 +200,43 @@ def _cache_key(store: Location, run: str) -> tuple[str, str]:
 # --------------------------------------------------------------------------- save
 
 
-def _base_for(store: Location, run: str, step: int, keyframe_every: int) -> tuple[dict | None, list[int]]:
-    """The manifest of the checkpoint to delta against (None: store a keyframe) and all steps."""
-    steps = committed_steps(store, run)
-    earlier = [s for s in steps if s < step]
+def base_position(position: int, reference: str) -> int:
+    """The position (in its keyframe group) of the base of the checkpoint at `position` >= 1.
+
+    `previous`: the checkpoint just before (a chain as long as the group). `skip`: `position`
+    with its lowest set bit cleared (1->0, 2->0, 3->2, 4->0, 5->4, 6->4, 7->6), so a restore
+    reads at most log2(K) bases while most deltas are still against a near neighbour.
+    """
+    return position - 1 if reference == "previous" else position & (position - 1)
+
+
+def _base_for(store: Location, run: str, step: int, keyframe_every: int, reference: str) -> tuple[dict | None, list]:
+    """(manifest of the checkpoint to delta against or None for a keyframe, the new group list)."""
+    earlier = [s for s in committed_steps(store, run) if s < step]
     if not earlier or keyframe_every <= 1:
-        return None, steps
-    base = read_manifest(store, run, earlier[-1])
-    if base.get("depth", 0) + 1 >= keyframe_every:
-        return None, steps
-    return base, steps
+        return None, [step]
+    previous = read_manifest(store, run, earlier[-1])
+    group = list(previous.get("group") or [previous["step"]])
+    position = len(group)
+    if position >= keyframe_every:
+        return None, [step]
+    base_step = group[base_position(position, reference)]
+    if base_step == previous["step"]:
+        return previous, [*group, step]
+    try:
+        return read_manifest(store, run, base_step), [*group, step]
+    except IntegrityError:  # that base was removed since (GC): start a new group
+        return None, [step]
+
+
+def _still_needed(group: list[int], keyframe_every: int, reference: str) -> set[int]:
+    """Steps of `group` that a later checkpoint of the same group may take as its base."""
+    position = len(group) - 1
+    return {
+        group[base_position(later, reference)]
+        for later in range(position + 1, keyframe_every)
+        if base_position(later, reference) <= position
+    }
 
 
 def save_state(
@@ -249,9 +282,10 @@ def save_state(
     skeleton, named = flatten(state)
     prepared = [_prepare(name, tensor, lossy, settings.lossy_min_elements) for name, tensor in named]
 
-    base_manifest = None
+    base_manifest, group = None, [step]
+    reference = settings.delta_reference
     if codec in ("auto", "delta"):
-        base_manifest, _ = _base_for(store, run, step, keyframe_every)
+        base_manifest, group = _base_for(store, run, step, keyframe_every, reference)
     base_raw = _base_bytes(store, run, base_manifest, settings) if base_manifest else {}
     chunk_bytes = max(settings.chunk_size, 1)
 
@@ -271,10 +305,16 @@ def save_state(
         ):
             item.base = candidate
         floats = item.stored_dtype.startswith(("float", "bfloat", "complex"))
-        if codec == "auto" or codec == "delta":
-            item.codec = codecs.choose(item.raw, item.width, level, item.base, settings.min_delta_gain, floats=floats)
+        if codec in ("auto", "delta"):
+            candidates = ("bgzstd", *(() if floats else ("zstd",)), *codecs.DELTA_CODECS)
         else:
-            item.codec = codec
+            candidates = (codec,)
+        if codec in ("zstd", "lz4"):
+            item.codec, item.mask = codec, ""
+        else:
+            item.codec, item.mask = codecs.choose(
+                item.raw, item.width, level, item.base, settings.min_delta_gain, candidates
+            )
         if item.codec in codecs.DELTA_CODECS:
             item.base_step = base_manifest["step"]
         else:
@@ -294,15 +334,17 @@ def save_state(
             item, start, stop = task
             raw = item.raw[start:stop]
             base = item.base[start:stop] if item.base is not None else None
-            return codecs.encode(item.codec, raw, item.width, level, base), hashlib.sha256(raw).hexdigest()
+            payload = codecs.encode(item.codec, raw, item.width, level, base, item.mask or None)
+            return payload, hashlib.sha256(raw).hexdigest()
 
         files = _write_chunks(store, run, step, tasks, pool, encode, workers, settings.data_file_size, progress)
 
-    raw_total = sum(item.raw.size for item in prepared)
+    raw_total = sum(item.original_bytes for item in prepared)  # as given, before any lossy downcast
     stored_total = sum(entry["size"] for entry in files.values())
     uses_delta = any(item.base_step is not None for item in prepared)
     base_ref = {"step": base_manifest["step"], "id": base_manifest["id"]} if uses_delta else None
     chain = [base_manifest["step"], *base_manifest.get("chain", [])] if uses_delta else []
+    group = group if uses_delta else [step]  # a checkpoint stored full starts a new keyframe group
     seconds = time.perf_counter() - started
     manifest = {
         "format": FORMAT,
@@ -314,6 +356,7 @@ def save_state(
         "base": base_ref,
         "chain": chain,
         "depth": len(chain),
+        "group": group,
         "lossy": lossy if any(item.lossy for item in prepared) else None,
         "tree": skeleton,
         "files": files,
@@ -326,6 +369,7 @@ def save_state(
                 "shape": item.shape,
                 "nbytes": item.raw.size,
                 "codec": item.codec,
+                "planes": item.mask or None,
                 "base": item.base_step,
                 "chunk_bytes": max(chunk_bytes // item.width, 1) * item.width,
                 "chunks": item.chunks,
@@ -345,12 +389,12 @@ def save_state(
     }
     storage.write_json_atomic(store.fs, manifest_path(store, run, step), manifest)
     if settings.cache_base:
+        needed = _still_needed(group, keyframe_every, reference)
         with _CACHE_LOCK:
-            _CACHE[_cache_key(store, run)] = {
-                "step": step,
-                "id": manifest["id"],
-                "raw": {item.name: item.raw.copy() for item in prepared},
-            }
+            kept = {s: v for s, v in _CACHE.get(_cache_key(store, run), {}).items() if s in needed}
+            if step in needed:
+                kept[step] = {"id": manifest["id"], "raw": {item.name: item.raw.copy() for item in prepared}}
+            _CACHE[_cache_key(store, run)] = kept
     return summary(manifest, store.uri, seconds=time.perf_counter() - started)
 
 
@@ -409,7 +453,7 @@ def _write_chunks(store, run, step, tasks, pool, encode, workers, data_file_size
             (item, start, stop), future = window.popleft()
             payload, digest = future.result()
             submit_next()
-            if stream is None or (offset and offset + len(payload) > data_file_size):
+            if stream is None or (offset and offset + codecs.payload_size(payload) > data_file_size):
                 if stream is not None:
                     stream.close()
                     files[name]["size"] = offset
@@ -417,11 +461,13 @@ def _write_chunks(store, run, step, tasks, pool, encode, workers, data_file_size
                 stream = store.fs.open_output_stream(posixpath.join(directory, name))
                 files[name] = {"size": 0, "tier": "hot", "uri": None}
                 offset = 0
-            stream.write(payload)
+            length = codecs.payload_size(payload)
+            for part in [payload] if isinstance(payload, bytes) else payload:
+                stream.write(part)
             item.chunks.append(
-                {"file": name, "offset": offset, "length": len(payload), "raw": stop - start, "sha256": digest}
+                {"file": name, "offset": offset, "length": length, "raw": stop - start, "sha256": digest}
             )
-            offset += len(payload)
+            offset += length
             if progress:
                 progress(stop - start)
         if stream is None:  # a checkpoint without tensors still gets its (empty) data file
@@ -443,11 +489,15 @@ def _write_chunks(store, run, step, tasks, pool, encode, workers, data_file_size
 
 
 class _Files:
-    """Reads byte ranges of a checkpoint's data files: mmap locally, one whole GET per file on S3."""
+    """Reads byte ranges of a checkpoint's data files: mmap locally, ranged GETs on S3.
+
+    Only the chunks asked for are read, so one tensor is restored without reading the others.
+    A file whose size differs from the manifest's is reported as truncated (or grown).
+    """
 
     def __init__(self, store: Location, run: str, manifest: dict):
         self.store, self.run, self.manifest = store, run, manifest
-        self._data: dict[str, Any] = {}
+        self._open_files: dict[str, Any] = {}
         self._lock = threading.Lock()
 
     def where(self, name: str) -> str:
@@ -464,31 +514,43 @@ class _Files:
             if isinstance(fs, pafs.LocalFileSystem):
                 with open(path, "rb") as handle:
                     size = os.fstat(handle.fileno()).st_size
-                    data = memoryview(mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)) if size else b""
+                    opened = memoryview(mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)) if size else b""
             else:
-                data = storage.read_bytes(fs, path)
+                opened = fs.open_input_file(path)
+                size = opened.size()
         except FileNotFoundError:
             raise IntegrityError(f"data file {self.where(name)} is missing") from None
         except OSError as exc:
             if "not found" in str(exc).lower() or "nosuchkey" in str(exc).lower():
                 raise IntegrityError(f"data file {self.where(name)} is missing") from None
             raise
-        if len(data) != entry.get("size", len(data)):
+        if size != entry.get("size", size):
             raise IntegrityError(
-                f"data file {self.where(name)} is {len(data)} bytes, the manifest says {entry['size']} (truncated?)"
+                f"data file {self.where(name)} is {size} bytes, the manifest says {entry['size']} (truncated?)"
             )
-        return data
+        return opened
 
     def read(self, name: str, offset: int, length: int):
-        data = self._data.get(name)
-        if data is None:
+        opened = self._open_files.get(name)
+        if opened is None:
             with self._lock:
-                data = self._data.get(name)
-                if data is None:
-                    data = self._data[name] = self._open(name)
-        if offset + length > len(data):
+                opened = self._open_files.get(name)
+                if opened is None:
+                    opened = self._open_files[name] = self._open(name)
+        if isinstance(opened, memoryview | bytes):
+            if offset + length > len(opened):
+                raise IntegrityError(f"data file {self.where(name)} is truncated")
+            return opened[offset : offset + length]
+        try:
+            data = opened.read_at(length, offset)  # pyarrow: thread-safe positional read (one ranged GET)
+        except OSError:  # an archive-class object (GLACIER...) is refused with a clear message
+            from seedance_tasks.lifecycle.archive import explain_unreadable
+
+            explain_unreadable(self.where(name), self.run, self.manifest["step"], self.store.uri)
+            raise
+        if len(data) != length:
             raise IntegrityError(f"data file {self.where(name)} is truncated")
-        return data[offset : offset + length]
+        return memoryview(data)
 
 
 class _Chain:
@@ -524,30 +586,64 @@ class _Chain:
                 self._base = base
             return self._base
 
-    def chunk(self, name: str, index: int, out: np.ndarray, check: bool) -> None:
-        """Decode chunk `index` of tensor `name` (stored bytes) into `out`; sha256-checked if `check`."""
+    def _where(self, name: str, index: int, chunk: dict) -> str:
+        return f"tensor {name} of {self.run}/{step_dir(self.step)}: chunk {index} in {self.files.where(chunk['file'])}"
+
+    def decoded(self, name: str, index: int, check: bool) -> tuple[Any, bool]:
+        """Chunk `index` of tensor `name` with its chain applied: (planes, True) or (raw bytes, False).
+
+        XOR deltas are undone plane by plane (XOR commutes with byte grouping), so a chain of them
+        is ungrouped once, by the caller. With `check`, this level's sha256 is checked too.
+        """
         entry = self.tensors.get(name)
         if entry is None:
             raise IntegrityError(f"tensor {name} is missing from {self.run}/{step_dir(self.step)}")
         chunk = entry["chunks"][index]
-        base = None
-        if entry["codec"] in codecs.DELTA_CODECS:
-            base = np.empty(chunk["raw"], dtype=np.uint8)
-            self.base(name).chunk(name, index, base, check)
-        payload = self.files.read(chunk["file"], chunk["offset"], chunk["length"])
         width = _torch_dtype(entry["stored_dtype"]).itemsize
+        codec, size = entry["codec"], chunk["raw"]
+        payload = self.files.read(chunk["file"], chunk["offset"], chunk["length"])
         try:
-            codecs.decode(entry["codec"], payload, chunk["raw"], width, out, base)
+            decoded, grouped = codecs.decode_planes(codec, payload, size, width)
         except ValueError as exc:
-            raise IntegrityError(
-                f"tensor {name} of {self.run}/{step_dir(self.step)}: chunk {index} in "
-                f"{self.files.where(chunk['file'])} is damaged: {exc}"
-            ) from None
-        if check and hashlib.sha256(out).hexdigest() != chunk["sha256"]:
-            raise IntegrityError(
-                f"tensor {name} of {self.run}/{step_dir(self.step)}: chunk {index} in "
-                f"{self.files.where(chunk['file'])} does not match its sha256"
-            )
+            raise IntegrityError(f"{self._where(name, index, chunk)} is damaged: {exc}") from None
+        if codec in codecs.DELTA_CODECS:
+            base, base_grouped = self.base(name).decoded(name, index, check)
+            if codec in codecs.PLANE_DELTAS:
+                if not base_grouped:
+                    base = codecs.group(base, width)
+                if len(base) != len(decoded) or any(b.size != d.size for b, d in zip(base, decoded, strict=False)):
+                    raise IntegrityError(f"{self._where(name, index, chunk)} does not match its base's shape")
+                op = np.bitwise_xor if codec == "delta-xor" else np.add
+                decoded = [  # into the base's planes where they are ours to overwrite
+                    op(d, b, out=b if b.flags.writeable else None) for d, b in zip(decoded, base, strict=True)
+                ]
+            else:
+                plain = np.empty(size, dtype=np.uint8)
+                codecs.ungroup(decoded, width, plain)
+                if base_grouped:
+                    flat = np.empty(size, dtype=np.uint8)
+                    codecs.ungroup(base, width, flat)
+                    base = flat
+                if base.size != size:
+                    raise IntegrityError(f"{self._where(name, index, chunk)} does not match its base's shape")
+                np.add(codecs._as_int(plain, width), codecs._as_int(base, width), out=codecs._as_int(plain, width))
+                decoded, grouped = plain, False
+        if check:
+            flat = decoded
+            if grouped:
+                flat = np.empty(size, dtype=np.uint8)
+                codecs.ungroup(decoded, width, flat)
+            if hashlib.sha256(flat).hexdigest() != chunk["sha256"]:
+                raise IntegrityError(f"{self._where(name, index, chunk)} does not match its sha256")
+        return decoded, grouped
+
+    def chunk(self, name: str, index: int, out: np.ndarray, check: bool) -> None:
+        """Decode chunk `index` of tensor `name` (stored bytes) into `out`; sha256-checked if `check`."""
+        decoded, grouped = self.decoded(name, index, check)
+        if grouped:
+            codecs.ungroup(decoded, _torch_dtype(self.tensors[name]["stored_dtype"]).itemsize, out)
+        else:
+            out[:] = decoded
 
 
 def _decode_tensors(chain: _Chain, names: list[str], workers: int, progress=None) -> dict[str, np.ndarray]:
@@ -588,8 +684,8 @@ def _decode_tensors(chain: _Chain, names: list[str], workers: int, progress=None
 def _base_bytes(store: Location, run: str, manifest: dict, settings) -> dict[str, np.ndarray]:
     """Stored bytes of every tensor of the base checkpoint: from the in-memory cache or the store."""
     with _CACHE_LOCK:
-        cached = _CACHE.get(_cache_key(store, run))
-    if cached and cached["step"] == manifest["step"] and cached["id"] == manifest["id"]:
+        cached = _CACHE.get(_cache_key(store, run), {}).get(manifest["step"])
+    if cached and cached["id"] == manifest["id"]:
         return cached["raw"]
     chain = _Chain(store, run, manifest["step"], manifest)
     return _decode_tensors(chain, list(chain.tensors), settings.workers)
@@ -598,8 +694,11 @@ def _base_bytes(store: Location, run: str, manifest: dict, settings) -> dict[str
 def _to_tensor(entry: dict, raw: np.ndarray):
     import torch
 
-    stored = torch.from_numpy(raw).view(_torch_dtype(entry["stored_dtype"]))
-    stored = stored.reshape(entry["shape"])
+    dtype = _torch_dtype(entry["stored_dtype"])
+    if raw.size == 0:
+        stored = torch.empty(entry["shape"], dtype=dtype)
+    else:
+        stored = torch.from_numpy(raw).view(dtype).reshape(entry["shape"])
     if entry["stored_dtype"] != entry["dtype"]:
         stored = stored.to(_torch_dtype(entry["dtype"]))
     return stored
@@ -617,24 +716,19 @@ def resolve_step(store: Location, run: str, step: int | None) -> int:
     return steps[-1]
 
 
-def load_state(store_uri: str, run: str, step: int | None, *, workers: int = 0, names=None, progress=None):
+def load_state(store_uri: str, run: str, step: int | None, *, workers: int = 0, progress=None):
     """(state, manifest) of checkpoint `run`/`step` (None: latest), every chunk sha256-verified.
 
     A lossy (bf16) tensor comes back in its original dtype with bf16 precision; a warning says so.
-    With `names`, only those tensors are read (and only their chunks); the rest of the tree is None.
     """
     store = storage.resolve(store_uri)
     step = resolve_step(store, run, step)
     chain = _Chain(store, _check_name(run), step)
-    wanted = list(chain.tensors) if names is None else list(names)
-    for name in wanted:
-        if name not in chain.tensors:
-            raise UsageError(f"no tensor {name!r} in {run}/{step_dir(step)}")
-    raw = _decode_tensors(chain, wanted, workers, progress)
-    tensors = [
-        _to_tensor(entry, raw[entry["name"]]) if entry["name"] in raw else None
-        for entry in chain.manifest["tensors"]
-    ]
+    raw = _decode_tensors(chain, list(chain.tensors), workers, progress)
+    tensors = [_to_tensor(entry, raw[entry["name"]]) for entry in chain.manifest["tensors"]]
+    from seedance_tasks.lifecycle.inventory import note_restore
+
+    note_restore(store, run, step)  # tiering counts age since the last restore
     if chain.manifest.get("lossy"):
         log.warning(
             "checkpoint %s/%s was stored lossy (%s): %d tensor(s) carry %s precision",
@@ -642,6 +736,37 @@ def load_state(store_uri: str, run: str, step: int | None, *, workers: int = 0, 
             sum(1 for t in chain.manifest["tensors"] if t.get("lossy")), chain.manifest["lossy"],
         )
     return unflatten(chain.manifest["tree"], tensors), chain.manifest
+
+
+def same_content(state: Any, manifest: dict) -> bool:
+    """True if `state` has the same tree and the same tensor bytes (chunk sha256s) as `manifest`."""
+    skeleton, named = flatten(state)
+    if skeleton != manifest["tree"] or len(named) != len(manifest["tensors"]):
+        return False
+    for (name, tensor), entry in zip(named, manifest["tensors"], strict=True):
+        item = _prepare(name, tensor, entry.get("lossy"), 1)
+        if name != entry["name"] or item.stored_dtype != entry["stored_dtype"] or item.shape != entry["shape"]:
+            return False
+        start = 0
+        for chunk in entry["chunks"]:
+            piece = item.raw[start : start + chunk["raw"]]
+            if piece.size != chunk["raw"] or hashlib.sha256(piece).hexdigest() != chunk["sha256"]:
+                return False
+            start += chunk["raw"]
+        if start != item.raw.size:
+            return False
+    return True
+
+
+def load_tensors(store_uri: str, run: str, step: int | None, names: list[str], *, workers: int = 0) -> dict:
+    """{name: tensor} of the named tensors of `run`/`step`, reading only their chunks (and bases)."""
+    store = storage.resolve(store_uri)
+    chain = _Chain(store, _check_name(run), resolve_step(store, run, step))
+    missing = [name for name in names if name not in chain.tensors]
+    if missing:
+        raise UsageError(f"no tensor {missing[0]!r} in {run}/{step_dir(chain.step)}")
+    raw = _decode_tensors(chain, list(names), workers)
+    return {name: _to_tensor(chain.tensors[name], raw[name]) for name in names}
 
 
 def verify(store_uri: str, run: str, step: int, *, workers: int = 0) -> dict:
@@ -702,3 +827,18 @@ def verify_run(store_uri: str, run: str, step: int | None = None, *, workers: in
         except IntegrityError as exc:
             damaged.append({"step": item, "error": exc.message})
     return {"store": store.uri, "run": run, "checked": checked, "damaged": damaged, "ok": not damaged}
+
+
+def needed_steps(store_uri: str, run: str, keep: Iterable[int]) -> set[int]:
+    """The steps to keep so that every step in `keep` stays restorable: `keep` plus their chains.
+
+    For retention GC: everything else of the run may go. Raises IntegrityError if a kept step is
+    not committed.
+    """
+    store = storage.resolve(store_uri)
+    needed: set[int] = set()
+    for step in keep:
+        manifest = read_manifest(store, _check_name(run), int(step))
+        needed.add(int(step))
+        needed.update(int(base) for base in manifest.get("chain", []))
+    return needed

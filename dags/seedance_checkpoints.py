@@ -1,0 +1,115 @@
+"""Checkpoints: raw checkpoints dropped into an inbox are delta-compressed into the checkpoint store.
+
+Wiring only; the work is in `seedance_tasks.checkpoint`. Trainers drop
+`INBOX/<run>/step-<N>.pt|.pth|.safetensors` (and may emit an event on the
+`seedance_checkpoint_inbox` asset); this DAG runs on that event or hourly. Each ready file is a
+mapped task: compress (delta against the run's previous checkpoint where it pays, byte-grouped
+zstd otherwise, a full keyframe every K checkpoints), verify the stored checkpoint by decoding
+every tensor against its sha256, and only then retire the raw file to the inbox trash. Unsafe
+or unreadable files (a pickle that would run code) are quarantined, never loaded.
+"""
+
+from __future__ import annotations
+
+import pendulum
+from airflow.sdk import Asset, AssetOrTimeSchedule, CronTriggerTimetable, Param, dag, task
+
+from seedance_tasks.dag_support import DEFAULT_ARGS, tags
+
+CHECKPOINT_INBOX = Asset(name="seedance_checkpoint_inbox", uri="seedance://checkpoints/inbox")
+CHECKPOINT_STORE = Asset(name="seedance_checkpoint_store", uri="seedance://checkpoints/store")
+
+
+@dag(
+    dag_id="seedance_checkpoints",
+    schedule=AssetOrTimeSchedule(
+        timetable=CronTriggerTimetable("0 * * * *", timezone="UTC"), assets=[CHECKPOINT_INBOX]
+    ),
+    start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
+    catchup=False,
+    max_active_runs=1,
+    default_args=DEFAULT_ARGS,
+    tags=tags("checkpoint", "storage"),
+    doc_md=__doc__,
+    params={
+        "inbox": Param(
+            "", type="string", title="Inbox",
+            description_md="Folder trainers drop raw checkpoints into (`INBOX/<run>/step-<N>.pt`). "
+            "Empty: `checkpoint.inbox` from config.",
+            section="Locations",
+        ),
+        "store": Param(
+            "", type="string", title="Checkpoint store",
+            description_md="Local path, `file:///…` or `s3://bucket/prefix`. Empty: `checkpoint.store` from config.",
+            section="Locations",
+        ),
+        "codec": Param(
+            "auto", type="string", enum=["auto", "delta", "bgzstd", "zstd", "lz4"], title="Codec",
+            values_display={"auto": "auto (per tensor)", "delta": "delta where it pays",
+                             "bgzstd": "byte-grouped zstd", "zstd": "zstd", "lz4": "lz4"},
+            description="auto picks per tensor: delta against the previous checkpoint or byte-grouped zstd.",
+            section="Compression",
+        ),
+        "keyframe_every": Param(
+            None, type=["null", "integer"], minimum=1, title="Keyframe every",
+            description="Store every K-th checkpoint full (restore reads at most K). Empty: config (8).",
+            section="Compression",
+        ),
+        "lossy": Param(
+            "none", type="string", enum=["none", "bf16"], title="Lossy downcast",
+            description="bf16 stores float32/64 tensors at bf16 precision (about 3x smaller, not bit-exact).",
+            section="Compression",
+        ),
+        "min_age": Param(
+            "", type="string", pattern=r"^(\d+(\.\d+)?\s*(s|m|min|h|d|w)?)?$", title="Minimum file age",
+            description="Leave inbox files younger than this (still being written). Empty: config (60s).",
+            section="Run",
+        ),
+        "purge_older_than": Param(
+            "7d", type="string", pattern=r"^\d+(\.\d+)?\s*(s|m|min|h|d|w)?$", title="Purge trash older than",
+            description="Retired raw checkpoints in the inbox trash older than this are purged.", section="Run",
+        ),
+    },
+)
+def seedance_checkpoints():
+    @task(multiple_outputs=False)
+    def scan(params: dict | None = None) -> dict:
+        """List the inbox files ready to compress (old enough, named with a step)."""
+        from seedance_tasks.checkpoint import airflow_tasks
+
+        return airflow_tasks.scan_task(params)
+
+    @task
+    def ready(scanned: dict) -> list[dict]:
+        """The files to map over, in (run, step) order."""
+        return scanned["items"]
+
+    @task(multiple_outputs=False, max_active_tis_per_dagrun=1)
+    def ingest(item: dict, params: dict | None = None) -> dict:
+        """Compress one raw checkpoint into the store, verify it, then retire the raw file."""
+        from seedance_tasks import storage
+        from seedance_tasks.checkpoint import airflow_tasks
+
+        return airflow_tasks.ingest_task(item, params, storage.new_run_id())
+
+    @task(multiple_outputs=False, outlets=[CHECKPOINT_STORE], trigger_rule="none_failed")
+    def report(scanned: dict, results: list[dict]) -> dict:
+        """One summary: files by status, bytes in and stored, ratio, problems."""
+        from seedance_tasks.checkpoint import airflow_tasks
+
+        return airflow_tasks.report_task(scanned, list(results))
+
+    @task(multiple_outputs=False, trigger_rule="none_failed")
+    def purge_trash(summary: dict, params: dict | None = None) -> dict:
+        """Free the inbox trash (retired raw checkpoints) older than `purge_older_than`."""
+        from seedance_tasks.checkpoint import airflow_tasks
+
+        return airflow_tasks.purge_task(params)
+
+    scanned = scan()
+    results = ingest.expand(item=ready(scanned))
+    summary = report(scanned, results)
+    purge_trash(summary=summary)
+
+
+seedance_checkpoints()

@@ -1,0 +1,148 @@
+"""Damage is detected and named: flipped bytes, truncated or missing files, missing bases, bad pickles."""
+
+from __future__ import annotations
+
+import json
+import pickle
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from seedance_tasks import checkpoint
+from seedance_tasks.checkpoint import store as ckstore
+from seedance_tasks.cli import app
+from seedance_tasks.errors import IntegrityError, RefusedError
+
+runner = CliRunner()
+
+
+@pytest.fixture
+def chain(tmp_path, gpt_states):
+    """A run of four checkpoints (keyframe + three deltas) in a fresh store."""
+    ckstore._CACHE.clear()
+    store = tmp_path / "store"
+    for step, state in gpt_states:
+        checkpoint.save(state, str(store), "r", step, chunk_size="64KiB")
+    ckstore._CACHE.clear()
+    return store
+
+
+def _biggest_chunk(store, step):
+    manifest = json.loads((store / "r" / f"step-{step}" / "manifest.json").read_text())
+    tensor = max(manifest["tensors"], key=lambda t: t["nbytes"])
+    return tensor["name"], tensor["chunks"][0]
+
+
+def _get(store, step, out):
+    return runner.invoke(app, ["ckpt", "get", "--store", str(store), "--run", "r", "--step", str(step), "--out", str(out)])
+
+
+def test_flipped_byte_is_detected_and_named_and_no_output_is_left(chain, tmp_path):
+    name, chunk = _biggest_chunk(chain, 30)
+    path = chain / "r" / "step-30" / chunk["file"]
+    data = bytearray(path.read_bytes())
+    data[chunk["offset"] + chunk["length"] // 2] ^= 0x40
+    path.write_bytes(bytes(data))
+    with pytest.raises(IntegrityError) as caught:
+        checkpoint.load(str(chain), "r", 30)
+    assert name in caught.value.message and chunk["file"] in caught.value.message
+    out = tmp_path / "out.pt"
+    result = _get(chain, 30, out)
+    assert result.exit_code == 4 and name in result.output
+    assert not out.exists() and not list(tmp_path.glob(".out.pt*"))
+    verify = runner.invoke(app, ["ckpt", "verify", "--store", str(chain), "--run", "r", "--json"])
+    assert verify.exit_code == 4
+    report = json.loads(verify.stdout)
+    assert report["checked"] == [0, 10, 20] and [d["step"] for d in report["damaged"]] == [30]
+
+
+def test_damage_in_a_base_is_reported_for_every_delta_on_it(chain):
+    name, chunk = _biggest_chunk(chain, 0)
+    path = chain / "r" / "step-0" / chunk["file"]
+    data = bytearray(path.read_bytes())
+    for i in range(chunk["offset"], chunk["offset"] + chunk["length"], 997):
+        data[i] ^= 0xFF
+    path.write_bytes(bytes(data))
+    report = ckstore.verify_run(str(chain), "r")
+    assert [d["step"] for d in report["damaged"]] == [0, 10, 20, 30]
+    assert all("step-0" in d["error"] for d in report["damaged"])
+
+
+def test_truncated_file_is_detected(chain, tmp_path):
+    path = chain / "r" / "step-20" / "data-0000.bin"
+    path.write_bytes(path.read_bytes()[:-100])
+    with pytest.raises(IntegrityError, match="truncated"):
+        checkpoint.load(str(chain), "r", 20)
+    assert _get(chain, 20, tmp_path / "x.safetensors").exit_code == 4
+    assert not (tmp_path / "x.safetensors").exists()
+
+
+def test_missing_data_file_and_missing_base_are_named(chain):
+    (chain / "r" / "step-30" / "data-0000.bin").rename(chain / "elsewhere.bin")
+    with pytest.raises(IntegrityError, match=r"step-30/data-0000.bin is missing"):
+        checkpoint.load(str(chain), "r", 30)
+    (chain / "elsewhere.bin").rename(chain / "r" / "step-30" / "data-0000.bin")
+    (chain / "r" / "step-20" / "manifest.json").unlink()  # base of step 30 gone
+    with pytest.raises(IntegrityError, match=r"delta against step-20, which is missing"):
+        checkpoint.load(str(chain), "r", 30)
+    assert checkpoint.latest_step(str(chain), "r") == 30
+    assert runner.invoke(app, ["ckpt", "verify", "--store", str(chain), "--run", "r", "--step", "30"]).exit_code == 4
+    assert runner.invoke(app, ["ckpt", "verify", "--store", str(chain), "--run", "r", "--step", "0"]).exit_code == 0
+
+
+class _Exploit:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):  # unpickling this calls open(marker, "w"): creates the marker file
+        return (open, (str(self.marker), "w"))
+
+
+def _malicious_pt(path, marker):
+    with open(path, "wb") as handle:
+        pickle.dump({"model": {"w": [1.0, 2.0]}, "x": _Exploit(marker)}, handle)
+
+
+def test_a_pickle_that_runs_code_is_refused_without_running(tmp_path):
+    marker = tmp_path / "pwned"
+    bad = tmp_path / "evil.pt"
+    _malicious_pt(bad, marker)
+    # the file really is an exploit: plain pickle would run it
+    with open(bad, "rb") as handle:
+        pickle.load(handle)  # noqa: S301 - proving the payload works, on a file we just wrote
+    assert marker.exists()
+    marker.unlink()
+
+    from seedance_tasks.checkpoint.files import read_checkpoint
+
+    with pytest.raises(RefusedError, match="arbitrary unpickling"):
+        read_checkpoint(bad)
+    result = runner.invoke(app, ["ckpt", "put", str(bad), "--store", str(tmp_path / "s"), "--run", "r", "--step", "1"])
+    assert result.exit_code == 3 and "refused" in result.output
+    assert not marker.exists()
+    assert checkpoint.latest_step(str(tmp_path / "s"), "r") is None
+
+
+def test_bf16_lossy_path_keeps_its_error_bound_and_says_so(tmp_path, gpt_states, caplog):
+    step, state = gpt_states[-1]
+    store = str(tmp_path / "s")
+    lossless = checkpoint.save(state, store, "exact", step)
+    summary = checkpoint.save(state, store, "lossy", step, lossy="bf16")
+    assert summary["lossy"] == "bf16" and summary["ratio"] > 1.6 * lossless["ratio"]
+    ckstore._CACHE.clear()
+    with caplog.at_level("WARNING"):
+        back = checkpoint.load(store, "lossy", step)
+    assert "lossy" in caplog.text
+    manifest = ckstore.read_manifest(ckstore.storage.resolve(store), "lossy", step)
+    lossy_names = {t["name"] for t in manifest["tensors"] if t["lossy"] == "bf16"}
+    assert "model/head.weight" in lossy_names and "optimizer/state/0/exp_avg_sq" in lossy_names
+    assert not any(name.endswith("step") for name in lossy_names)
+
+    orig, got = state["model"]["head.weight"], back["model"]["head.weight"]
+    assert got.dtype == torch.float32 and not torch.equal(orig, got)
+    # round-to-nearest bf16 (8 significant bits): relative error at most 2^-8 (normal numbers)
+    assert torch.all((orig - got).abs() <= orig.abs() * 2.0**-8 + 1e-38)
+    sq, sq_back = state["optimizer"]["state"][0]["exp_avg_sq"], back["optimizer"]["state"][0]["exp_avg_sq"]
+    assert torch.count_nonzero(sq_back) == torch.count_nonzero(sq)  # bf16 keeps Adam's tiny second moments
+    assert torch.equal(state["optimizer"]["state"][0]["step"], back["optimizer"]["state"][0]["step"])
