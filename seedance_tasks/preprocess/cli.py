@@ -1,5 +1,85 @@
-"""`seedance preprocess` subcommands."""
+"""`seedance preprocess` subcommands: run the I/O-pool / CPU-pool pipeline, tune its pool sizes."""
+
+from __future__ import annotations
 
 import typer
 
+from seedance_tasks.cli_support import JSON_OPTION, console, emit, handle_errors, progress, table
+
 app = typer.Typer(help="The I/O-pool / CPU-pool preprocessing pipeline.", no_args_is_help=True)
+
+SHARDS_HELP = "WebDataset shards: a directory (with or without shardindex.json), an index, a tar or a brace pattern; local or s3://"
+
+
+@app.command("run")
+@handle_errors
+def run_command(
+    shards: str = typer.Option(..., "--shards", help=SHARDS_HELP),
+    out: str = typer.Option(..., "--out", help="where the preprocessed shards go (local path or s3://)"),
+    size: int = typer.Option(None, min=8, help="output arrays are uint8 (3, SIZE, SIZE) [config: 224]"),
+    io_workers: int = typer.Option(None, min=1, help="I/O threads [default: from a short measurement]"),
+    cpu_workers: int = typer.Option(None, min=1, help="CPU worker processes [default: one per core]"),
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """Decode, resize and convert every image sample into OUT as KEY.npy shards (plus the other members).
+
+    Every input sample comes out exactly once: in the output, or in the failed list with its
+    shard, key and reason. Outputs are published only when the run completes; a hostile tar is
+    refused before anything is written. Finished shards are skipped on a rerun.
+    """
+    from seedance_tasks.config import load_settings, settings_with
+    from seedance_tasks.preprocess.run import run
+
+    settings = settings_with(load_settings(), "preprocess", size=size, io_workers=io_workers, cpu_workers=cpu_workers)
+    with progress("preprocessing", total=None, enabled=not as_json) as advance:
+        result = run(shards, out, settings=settings, advance=advance)
+    emit(result, as_json, _render_run)
+
+
+def _render_run(result: dict) -> None:
+    if not result["shards"]:
+        console.print(f"nothing to do: all {len(result['skipped'])} shard(s) already preprocessed in {result['out']}")
+        return
+    console.print(
+        f"preprocessed {result['samples_in']:,} samples from {result['shards']} shard(s) into {result['out']}: "
+        f"{result['samples_out']:,} written, {len(result['failed'])} failed; "
+        f"{result['samples_per_s']} samples/s ({result['io_workers']} I/O thread(s), {result['cpu_workers']} CPU process(es))"
+    )
+    console.print(table("time per stage", ["stage", "seconds", "share"],
+                        [[stage, result["stage_seconds"][stage], f"{share:.0%}"]
+                         for stage, share in result["stage_shares"].items()]))
+    if result["failed"]:
+        console.print(table(f"[red]{len(result['failed'])} sample(s) failed[/]", ["shard", "key", "reason"],
+                            [[f["shard"], f["key"], f["reason"]] for f in result["failed"][:50]]))
+    if result["skipped"]:
+        console.print(f"[dim]skipped {len(result['skipped'])} shard(s) already done[/]")
+    console.print(f"[dim]pools: {result['pools_basis']}; index {result.get('index')}[/]")
+
+
+@app.command("tune")
+@handle_errors
+def tune_command(
+    shards: str = typer.Option(..., "--shards", help=SHARDS_HELP),
+    samples: int = typer.Option(None, min=8, help="samples per trial [config: 256]"),
+    size: int = typer.Option(None, min=8, help="output size [config: 224]"),
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """Try a few I/O-thread / CPU-process splits on the first samples and print the table it chose from."""
+    from seedance_tasks.config import load_settings, settings_with
+    from seedance_tasks.preprocess.tune import tune
+
+    settings = settings_with(load_settings(), "preprocess", size=size)
+    result = tune(shards, settings=settings, samples=samples)
+
+    def render(res: dict) -> None:
+        best = res["chosen"]
+        rows = []
+        for row in res["table"]:
+            mark = "<- chosen" if (row["io_workers"], row["cpu_workers"]) == (best["io_workers"], best["cpu_workers"]) else ""
+            shares = ", ".join(f"{k} {v:.0%}" for k, v in row["stage_shares"].items() if k != "write")
+            rows.append([row["io_workers"], row["cpu_workers"], row["samples_per_s"], shares, mark])
+        console.print(table(f"pool splits on {res['samples']} samples, {res['cores']} core(s)",
+                            ["I/O threads", "CPU processes", "samples/s", "stage shares", ""], rows))
+        console.print(res["hint"])
+
+    emit(result, as_json, render)

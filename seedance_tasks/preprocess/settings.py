@@ -1,7 +1,17 @@
 """Settings of the preprocess pipeline (section `preprocess:` of config/seedance.yaml)."""
 
+from __future__ import annotations
+
+from pydantic import Field
+
 from seedance_tasks.config import StrictModel
 
 
 class PreprocessSettings(StrictModel):
-    pass
+    size: int = Field(224, ge=8, le=4096, description="output images are uint8 arrays of shape (3, size, size)")
+    io_workers: int = Field(0, ge=0, description="I/O threads (fetch shards, split samples); 0 = chosen from a short measurement")
+    cpu_workers: int = Field(0, ge=0, description="CPU worker processes (decode, resize, convert); 0 = one per core")
+    batch_size: int = Field(32, ge=1, le=1024, description="images per task sent to a CPU worker")
+    draft: bool = Field(True, description="decode JPEGs at reduced size when the short side stays >= size")
+    shards_per_group: int = Field(4, ge=1, description="the DAG maps one task over each group of this many shards")
+    tune_samples: int = Field(256, ge=8, description="samples `seedance preprocess tune` runs each split on")

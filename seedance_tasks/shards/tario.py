@@ -14,6 +14,7 @@ what it writes (sha256), so shard sizes and checksums are known without re-readi
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 import tarfile
 from collections.abc import Iterable, Iterator
@@ -24,6 +25,7 @@ from seedance_tasks.errors import InputError, RefusedError
 
 BLOCK = tarfile.BLOCKSIZE  # 512
 END_OF_ARCHIVE = b"\0" * (2 * BLOCK)
+_ZEROS = b"\0" * BLOCK
 _KEY_EXT = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")  # as webdataset.tariterators.base_plus_ext
 
 
@@ -165,6 +167,103 @@ def sample_bytes(key: str, members: dict[str, bytes]) -> int:
     return sum(member_bytes(f"{key}.{ext}", len(data)) for ext, data in members.items())
 
 
+class _BackgroundHash:
+    """sha256 computed on a second thread (hashlib releases the GIL), overlapping the writes."""
+
+    def __init__(self):
+        import queue
+        import threading
+
+        self._hash = hashlib.sha256()
+        self._queue: queue.Queue = queue.Queue(maxsize=512)
+        self._thread = threading.Thread(target=self._run, name="seedance-sha256", daemon=True)
+        self._thread.start()
+        self._done = False
+
+    def _run(self) -> None:
+        while True:
+            parts = self._queue.get()
+            if parts is None:
+                return
+            for part in parts:
+                self._hash.update(part)
+
+    def update(self, parts: list) -> None:
+        self._queue.put(parts)
+
+    def finish(self) -> None:
+        if not self._done:
+            self._done = True
+            self._queue.put(None)
+            self._thread.join()
+
+    def result(self):
+        self.finish()
+        return self._hash
+
+
+class LocalSink:
+    """A local file written with `os.writev`: parts are gathered (not copied) until about 1 MiB,
+    then written in one system call; fsynced on close, so a published shard is on disk.
+    Has `write`, `writev`, `close`, `closed`."""
+
+    GATHER_BYTES = 1024 * 1024
+    GATHER_PARTS = 512  # below IOV_MAX (1024)
+
+    def __init__(self, path: str):
+        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        self.closed = False
+        self._parts: list = []
+        self._pending = 0
+
+    def writev(self, parts: list) -> None:
+        self._parts.extend(parts)
+        self._pending += sum(len(part) for part in parts)
+        if self._pending >= self.GATHER_BYTES or len(self._parts) >= self.GATHER_PARTS:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self._parts:
+            return
+        parts, expected = self._parts, self._pending
+        self._parts, self._pending = [], 0
+        written = os.writev(self.fd, parts)
+        if written != expected:  # a short write (rare): write the rest plainly
+            rest = b"".join(bytes(part) for part in parts)[written:]
+            while rest:
+                rest = rest[os.write(self.fd, rest):]
+
+    def write(self, data) -> None:
+        self.writev([data])
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            try:
+                self.flush()
+                os.fsync(self.fd)
+            finally:
+                os.close(self.fd)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def open_sink(location_fs, path: str, buffer_size: int = 8 * 1024 * 1024):
+    """A writable stream for a new shard: `LocalSink` on local disk, pyarrow's output stream elsewhere."""
+    import pyarrow.fs as pafs
+
+    if isinstance(location_fs, pafs.LocalFileSystem):
+        parent = os.path.dirname(path)
+        if parent:
+            os.makedirs(parent, exist_ok=True)
+        return LocalSink(path)
+    return location_fs.open_output_stream(path, buffer_size=buffer_size)
+
+
 class TarShardWriter:
     """Writes WebDataset samples as a tar to a binary stream; tracks its size and sha256.
 
@@ -176,39 +275,54 @@ class TarShardWriter:
     def __init__(self, stream: BinaryIO, *, mtime: int = 0):
         self.stream = stream
         self.mtime = int(mtime)
-        self.sha256 = hashlib.sha256()
+        self._hasher = _BackgroundHash()
         self.size = 0
         self.samples = 0
         self._template = tarfile.TarInfo()
         self._template.mode = 0o644
         self._template.mtime = self.mtime
         self._template.uname = self._template.gname = ""
+        self._writev = getattr(stream, "writev", None)
+
+    @property
+    def sha256(self):
+        """The hash of everything written (complete once `close()` has returned)."""
+        return self._hasher.result()
 
     def _write(self, data: bytes | memoryview) -> None:
-        self.stream.write(data)
-        self.sha256.update(data)
-        self.size += len(data)
+        self._write_parts([data])
 
-    def add_member(self, name: str, data: bytes | memoryview) -> None:
+    def _write_parts(self, parts: list) -> None:
+        if self._writev is not None:
+            self._writev(parts)
+        else:
+            for part in parts:
+                self.stream.write(part)
+        self._hasher.update(parts)
+        for part in parts:
+            self.size += len(part)
+
+    def add_member(self, name: str, data: bytes | memoryview | tuple) -> None:
+        """Append one regular file; `data` may be a tuple of byte strings, written back to back."""
         problem = check_member_name(name)
         if problem:
             raise RefusedError(f"refusing to write member {name!r}: {problem}")
+        pieces = list(data) if isinstance(data, tuple) else [data]
+        size = sum(len(piece) for piece in pieces)
         info = self._template.replace(name=name, deep=False)
-        info.size = len(data)
+        info.size = size
         try:
             header = info.tobuf(tarfile.USTAR_FORMAT, "utf-8", "strict")
         except ValueError:  # name too long or not ASCII for ustar: a PAX header carries it
             header = info.tobuf(tarfile.PAX_FORMAT, "utf-8", "strict")
-        self._write(header)
-        self._write(data)
-        remainder = len(data) % BLOCK
-        if remainder:
-            self._write(b"\0" * (BLOCK - remainder))
+        remainder = size % BLOCK
+        self._write_parts([header, *pieces, _ZEROS[: BLOCK - remainder]] if remainder else [header, *pieces])
 
-    def add_sample(self, key: str, members: dict[str, bytes]) -> None:
+    def add_sample(self, key: str, members: dict[str, bytes | tuple]) -> None:
         for ext in sorted(members):
             self.add_member(f"{key}.{ext}", members[ext])
         self.samples += 1
 
     def close(self) -> None:
         self._write(END_OF_ARCHIVE)
+        self._hasher.finish()

@@ -1,0 +1,109 @@
+"""The task functions of `dags/seedance_preprocess.py`: params in, one library call, small summary out.
+
+Kept here (not in the DAG file) so they are testable without Airflow and the DAG file stays cheap
+to parse. Each returns JSON-able summaries for XCom: URIs and counts, never data.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from seedance_tasks.dag_support import fail_fast
+from seedance_tasks.errors import UsageError
+
+
+def _settings(params: dict[str, Any]):
+    from seedance_tasks.config import load_settings, settings_with
+
+    settings = load_settings()
+    shards = settings_with(settings, "shards", shard_size=params.get("shard_size") or None)
+    preprocess = settings_with(
+        settings, "preprocess",
+        size=params.get("image_size") or None,
+        io_workers=params.get("io_workers") or None,
+        cpu_workers=params.get("cpu_workers") or None,
+        shards_per_group=params.get("shards_per_group") or None,
+    )
+    return shards, preprocess
+
+
+def locations(params: dict[str, Any]) -> dict[str, str]:
+    """Source, shards and output URIs of a run; shards/output default to siblings of the source."""
+    source = (params.get("source") or "").strip()
+    if not source:
+        raise UsageError("the 'source' param is empty", hint="give a samples directory, a Parquet dataset or shards")
+    base = source.rstrip("/")
+    kind = params.get("source_kind") or "samples"
+    shards = source if kind == "shards" else (params.get("shards") or f"{base}-shards")
+    out = params.get("out") or f"{shards.rstrip('/')}-preprocessed"
+    return {"source": source, "kind": kind, "shards": shards, "out": out}
+
+
+@fail_fast
+def build_task(params: dict[str, Any]) -> dict[str, Any]:
+    """Build shards from the source (a no-op if they are up to date, or if the source is shards)."""
+    from seedance_tasks.shards.build import build
+
+    where = locations(params)
+    if where["kind"] == "shards":
+        return {**where, "built": False, "rejected": 0}
+    shard_settings, _ = _settings(params)
+    result = build(where["source"], where["shards"], settings=shard_settings,
+                   shuffle=bool(params.get("shuffle")), seed=int(params.get("seed") or 0))
+    return {**where, "built": not result["up_to_date"], "shard_count": result["shards"],
+            "samples": result["samples"], "rejected": len(result["rejected"]), "report": result.get("report"),
+            "mb_per_s": None if result["up_to_date"] else result.get("mb_per_s")}
+
+
+@fail_fast
+def verify_task(built: dict[str, Any]) -> dict[str, Any]:
+    """Verify the shards; fails the task (RefusedError/IntegrityError) on any problem."""
+    from seedance_tasks.shards.verify import raise_for_problems, verify
+
+    report = verify(built["shards"])
+    raise_for_problems(report)
+    return {"shards": report["shards"], "samples": report["samples"], "bytes": report["bytes"], "ok": report["ok"]}
+
+
+@fail_fast
+def plan_task(built: dict[str, Any], params: dict[str, Any]) -> list[dict[str, Any]]:
+    """Finish interrupted preprocess runs on the output, then split the shards into groups to map over."""
+    from seedance_tasks import journal, storage
+    from seedance_tasks.preprocess.run import JOURNAL_KIND
+    from seedance_tasks.shards.index import resolve_shards
+
+    _, settings = _settings(params)
+    journal.recover(storage.resolve(built["out"]), JOURNAL_KIND)
+    names = [shard.name for shard in resolve_shards(built["shards"]).shards]
+    step = settings.shards_per_group
+    return [{"shards": built["shards"], "out": built["out"], "names": names[i : i + step]}
+            for i in range(0, len(names), step)]
+
+
+@fail_fast
+def preprocess_group_task(group: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
+    """Preprocess one group of shards (finished shards are skipped, so a retry redoes only the rest)."""
+    from seedance_tasks.preprocess.run import run
+
+    _, settings = _settings(params)
+    result = run(group["shards"], group["out"], settings=settings, only=group["names"], recover=False,
+                 finalize_index=False)
+    return {key: result.get(key) for key in ("shards", "skipped", "samples_in", "samples_out", "samples_per_s",
+                                             "stage_shares", "io_workers", "cpu_workers")} | {
+        "failed": result["failed"][:100], "failed_count": len(result["failed"])}
+
+
+@fail_fast
+def finalize_task(built: dict[str, Any], results: list[dict[str, Any]]) -> dict[str, Any]:
+    """Write the output index and one summary of the run."""
+    from seedance_tasks.preprocess.run import finalize
+
+    index = finalize(built["out"])
+    rates = [r["samples_per_s"] for r in results if r.get("samples_per_s")]
+    return {
+        "shards_uri": built["shards"], "out": built["out"], "index": index["index"],
+        "output_shards": index["shards"], "samples_out": index["samples"], "failed": index["failed"],
+        "rejected_at_build": built.get("rejected", 0),
+        "samples_in_this_run": sum(r["samples_in"] for r in results),
+        "mean_group_samples_per_s": round(sum(rates) / len(rates), 1) if rates else None,
+    }

@@ -1,0 +1,314 @@
+"""The pipeline: an I/O pool (threads) feeding a CPU pool (processes) through bounded queues.
+
+    shards --I/O threads: fetch + split into samples--> [sample queue, bounded]
+           --dispatcher: batches of image bytes--> CPU processes: decode, resize, to uint8 CHW
+           --[at most `inflight` batches]--> consumer (writer or training loop), in submission order
+
+Each I/O thread streams one shard at a time (local or `s3://`, one sequential read per shard) and
+checks every tar header as it goes (`shards.tario`). Only the image bytes travel to the worker
+processes; the sample's other members wait in the parent. Queues are bounded, so a slow consumer
+slows the readers down instead of filling memory. Every sample read comes out exactly once, as a
+`Processed` with either its array or the reason it failed.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import Future, ProcessPoolExecutor
+from dataclasses import dataclass, field
+
+from seedance_tasks.shards.index import ShardRef
+from seedance_tasks.shards.tario import iter_members, iter_samples
+
+_STOP = object()
+
+
+@dataclass
+class Processed:
+    """One sample out of the pipeline: `array` (raw uint8 bytes, shape (3, size, size)) or `error`."""
+
+    shard: int  # index into the pipeline's shard list
+    key: str
+    array: bytes | None
+    error: str | None
+    members: dict[str, bytes]  # the sample's other (non-image) members
+
+
+@dataclass
+class ShardDone:
+    """Marker: the I/O pool has read all `samples` samples of shard number `shard`."""
+
+    shard: int
+    samples: int
+
+
+@dataclass
+class StageTimes:
+    """Busy seconds per stage, summed over the pool's threads/processes."""
+
+    read: float = 0.0  # I/O threads: fetching and splitting tars
+    decode: float = 0.0
+    resize: float = 0.0
+    convert: float = 0.0
+    write: float = 0.0  # the consumer's own time, if it reports it
+    extra: dict[str, float] = field(default_factory=dict)
+
+    def shares(self) -> dict[str, float]:
+        stages = {"read": self.read, "decode": self.decode, "resize": self.resize, "convert": self.convert,
+                  "write": self.write}
+        total = sum(stages.values()) or 1.0
+        return {name: round(value / total, 3) for name, value in stages.items()}
+
+
+def available_cores() -> int:
+    """CPU cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def _pool_initializer(parent_pid: int) -> None:
+    """Worker setup: leave Ctrl-C to the parent, and exit if the parent dies (even by SIGKILL),
+    so no orphaned worker outlives an interrupted run or a killed Airflow task."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+    def watch() -> None:
+        while True:
+            time.sleep(1.0)
+            try:
+                os.kill(parent_pid, 0)
+            except ProcessLookupError:
+                os._exit(1)
+            except PermissionError:  # a process with that id exists (owned by someone else)
+                pass
+
+    threading.Thread(target=watch, name="seedance-parent-watch", daemon=True).start()
+
+
+class Pipeline:
+    """Iterate over `shards` through the two pools; yields `Processed` and `ShardDone` items.
+
+    `io_workers` threads read shards; `cpu_workers` processes transform images in batches of
+    `batch_size`. `max_samples` stops reading after that many samples (for tuning). A shard that
+    is hostile or unreadable stops the pipeline with its RefusedError/InputError. Use as an
+    iterator (once) or call `close()` to stop early; the pools are shut down either way.
+    """
+
+    def __init__(
+        self,
+        shards: list[ShardRef],
+        *,
+        size: int = 224,
+        io_workers: int = 2,
+        cpu_workers: int = 2,
+        batch_size: int = 32,
+        draft: bool = True,
+        max_samples: int | None = None,
+        image_ext: str | None = None,
+    ):
+        if io_workers < 1 or cpu_workers < 1:
+            raise ValueError("io_workers and cpu_workers must be at least 1")
+        self.shards = shards
+        self.size = size
+        self.io_workers = io_workers
+        self.cpu_workers = cpu_workers
+        self.batch_size = batch_size
+        self.draft = draft
+        self.max_samples = max_samples
+        self.image_ext = image_ext
+        self.times = StageTimes()
+        self.samples_read = 0
+        self.wall = 0.0
+        self.worker_cpu = 0.0  # CPU seconds the worker processes spent on batches
+        self._stop = threading.Event()
+        self._samples: queue.Queue = queue.Queue(maxsize=2 * batch_size * cpu_workers)
+        self._results: queue.Queue = queue.Queue()
+        # Results come back through shared memory: one slot per batch in flight, each holding
+        # `batch_size` arrays; the free-slot queue bounds the batches in flight.
+        self._slots: list = []
+        self._free_slots: queue.Queue = queue.Queue()
+        self._lock = threading.Lock()
+        self._threads: list[threading.Thread] = []
+        self._executor: ProcessPoolExecutor | None = None
+
+    # ------------------------------------------------------------------ I/O pool
+    def _put(self, target: queue.Queue, item) -> bool:
+        while not self._stop.is_set():
+            try:
+                target.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _reader(self, work: queue.Queue) -> None:
+        while not self._stop.is_set():
+            if self.max_samples is not None and self.samples_read >= self.max_samples:
+                break
+            try:
+                number = work.get_nowait()
+            except queue.Empty:
+                break
+            shard = self.shards[number]
+            count, busy, started = 0, 0.0, time.perf_counter()
+            try:
+                with shard.location.fs.open_input_stream(shard.location.path) as stream:
+                    for sample in iter_samples(iter_members(stream, shard.uri), shard.uri):
+                        with self._lock:
+                            if self.max_samples is not None and self.samples_read >= self.max_samples:
+                                break
+                            self.samples_read += 1
+                        count += 1
+                        blocked = time.perf_counter()
+                        busy += blocked - started
+                        if not self._put(self._samples, (number, sample)):
+                            return
+                        started = time.perf_counter()
+                busy += time.perf_counter() - started
+            except BaseException as exc:  # handed to the consumer, which raises it
+                self._put(self._samples, exc)
+                return
+            finally:
+                with self._lock:
+                    self.times.read += busy
+            self._put(self._samples, ShardDone(number, count))
+        self._put(self._samples, _STOP)
+
+    # ------------------------------------------------------------------ dispatcher
+    def _submit(self, batch: list) -> bool:
+        from seedance_tasks.preprocess.transform import process_batch
+
+        while True:
+            try:
+                slot = self._free_slots.get(timeout=0.1)
+                break
+            except queue.Empty:
+                if self._stop.is_set():
+                    return False
+        images = [image for _number, _key, image, _members in batch]
+        future = self._executor.submit(process_batch, images, self.size, self.draft, self._slots[slot].name)
+        return self._put(self._results, (future, batch, slot))
+
+    def _dispatcher(self, readers: int) -> None:
+        from seedance_tasks.preprocess.transform import image_extension
+
+        batch: list = []
+        finished = 0
+        try:
+            while finished < readers and not self._stop.is_set():
+                try:
+                    item = self._samples.get(timeout=0.02 if batch else 0.1)
+                except queue.Empty:
+                    if batch and not self._submit(batch):
+                        return
+                    batch = []
+                    continue
+                if item is _STOP:
+                    finished += 1
+                    continue
+                if isinstance(item, ShardDone | BaseException):
+                    if batch and not self._submit(batch):
+                        return
+                    batch = []
+                    self._put(self._results, item)
+                    continue
+                number, sample = item
+                ext = self.image_ext if self.image_ext in sample.members else image_extension(sample.members)
+                if ext is None:
+                    self._put(self._results, Processed(number, sample.key, None, "no JPEG/PNG member",
+                                                       sample.members))
+                    continue
+                others = {name: data for name, data in sample.members.items() if name != ext}
+                batch.append((number, sample.key, sample.members[ext], others))
+                if len(batch) >= self.batch_size and not self._submit(batch):
+                    return
+                if len(batch) >= self.batch_size:
+                    batch = []
+            if batch:
+                self._submit(batch)
+        except BaseException as exc:
+            self._put(self._results, exc)
+        self._put(self._results, _STOP)
+
+    # ------------------------------------------------------------------ consumer side
+    def __iter__(self) -> Iterator[Processed | ShardDone]:
+        import multiprocessing
+        from multiprocessing import shared_memory
+
+        started = time.perf_counter()
+        slot_bytes = self.batch_size * 3 * self.size * self.size
+        self._slots = [shared_memory.SharedMemory(create=True, size=slot_bytes) for _ in range(self.cpu_workers + 2)]
+        for slot in range(len(self._slots)):
+            self._free_slots.put(slot)
+        context = multiprocessing.get_context("forkserver")
+        self._executor = ProcessPoolExecutor(self.cpu_workers, mp_context=context, initializer=_pool_initializer,
+                                             initargs=(os.getpid(),))
+        work: queue.Queue = queue.Queue()
+        for number in range(len(self.shards)):
+            work.put(number)
+        readers = max(1, min(self.io_workers, len(self.shards)))
+        self._threads = [
+            threading.Thread(target=self._reader, args=(work,), name=f"seedance-io-{i}", daemon=True)
+            for i in range(readers)
+        ]
+        self._threads.append(
+            threading.Thread(target=self._dispatcher, args=(readers,), name="seedance-dispatch", daemon=True)
+        )
+        for thread in self._threads:
+            thread.start()
+        try:
+            while True:
+                item = self._results.get()
+                if item is _STOP:
+                    break
+                if isinstance(item, BaseException):
+                    raise item
+                if isinstance(item, ShardDone | Processed):
+                    yield item
+                    continue
+                future, batch, slot = item
+                yield from self._unpack(future, batch, slot)
+        finally:
+            self.close()
+            self.wall = time.perf_counter() - started
+
+    def _unpack(self, future: Future, batch: list, slot: int) -> Iterator[Processed]:
+        nbytes = 3 * self.size * self.size
+        try:
+            outputs, timings = future.result()
+            buffer = self._slots[slot].buf
+            outputs = [output if isinstance(output, str) else bytes(buffer[index * nbytes : (index + 1) * nbytes])
+                       for index, output in enumerate(outputs)]
+            del buffer  # no view may outlive the slot (close() unmaps it)
+        finally:
+            self._free_slots.put(slot)
+        self.times.decode += timings[0]
+        self.times.resize += timings[1]
+        self.times.convert += timings[2]
+        self.worker_cpu += timings[3]
+        for (number, key, _image, others), output in zip(batch, outputs, strict=True):
+            if isinstance(output, str):
+                yield Processed(number, key, None, output.removeprefix("error: "), others)
+            else:
+                yield Processed(number, key, output, None, others)
+
+    def close(self) -> None:
+        """Stop the pools (also on early exit); safe to call twice."""
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout=5)
+        if self._executor is not None:
+            self._executor.shutdown(wait=True, cancel_futures=True)
+            self._executor = None
+        for slot in self._slots:
+            slot.close()
+            slot.unlink()
+        self._slots = []
+

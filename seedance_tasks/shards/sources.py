@@ -1,0 +1,236 @@
+"""Samples to pack into shards, from a directory of sample files or from a Parquet dataset.
+
+A directory holds files in WebDataset's convention: `KEY.jpg`, `KEY.json`, `KEY.cls` ... grouped
+by key (the path up to the first dot of the file name, subdirectories included). A Parquet
+dataset holds one row per sample: a key column and one column per member (bytes columns as they
+are, strings as UTF-8, numbers as their decimal text, anything else as JSON).
+
+Each source yields `(key, members)` for good samples and reports bad ones (`Rejected`): a sample
+missing a required member, a file or row group that cannot be read. Nothing is dropped silently.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import random
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow.fs as pafs
+
+from seedance_tasks import storage
+from seedance_tasks.errors import InputError, UsageError
+from seedance_tasks.shards.tario import split_key
+from seedance_tasks.storage import Location
+
+READ_CHUNK = 16  # samples per read task: amortises the thread pool's per-task cost on small files
+
+
+@dataclass
+class Rejected:
+    """A sample (or a whole file) that did not go into a shard, and why."""
+
+    key: str | None
+    source: str
+    reason: str
+
+    def to_dict(self) -> dict:
+        return {"key": self.key, "source": self.source, "reason": self.reason}
+
+
+@dataclass
+class Source:
+    """A listed source: its kind, its files (for the fingerprint) and how to read its samples."""
+
+    uri: str
+    kind: str  # "files" or "parquet"
+    location: Location
+    files: list[Any]  # pyarrow FileInfo
+    required: list[str]
+    key_column: str = "__key__"
+    rejected: list[Rejected] = field(default_factory=list)
+    units: list[Any] = field(default_factory=list)  # files: (key, {ext: path}) per complete sample
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(item.size or 0 for item in self.files)
+
+    def fingerprint_items(self) -> list:
+        return [[self.location.relative(item.path), item.size, item.mtime_ns] for item in self.files]
+
+
+def open_source(uri: str, *, required: list[str] | None = None, key_column: str = "__key__") -> Source:
+    """List `uri` once and decide its kind: Parquet if it holds `.parquet` files, else sample files.
+
+    Raises InputError if it holds nothing, UsageError if it mixes Parquet with other files.
+    """
+    location = storage.resolve(uri)
+    files = storage.list_files(location)
+    if not files:
+        raise InputError(f"no sample files under {uri}", hint="point SRC at a directory of samples or Parquet files")
+    parquet = [item for item in files if item.path.endswith(".parquet")]
+    if parquet:
+        others = [item.path for item in files if not item.path.endswith(".parquet")]
+        if others:
+            raise UsageError(
+                f"{uri} mixes Parquet files with other files (e.g. {location.relative(others[0])})",
+                hint="a source is either Parquet (one row per sample) or sample files, not both",
+            )
+        return Source(uri, "parquet", location, parquet, list(required or []), key_column)
+    return _files_source(uri, location, files, required)
+
+
+def _files_source(uri: str, location: Location, files: list, required: list[str] | None) -> Source:
+    source = Source(uri, "files", location, files, [])
+    groups: dict[str, dict[str, str]] = {}
+    prefix = location.path.rstrip("/") + "/"
+    for item in files:
+        relative = item.path[len(prefix):] if item.path.startswith(prefix) else location.relative(item.path)
+        key, ext = split_key(relative)
+        if key is None or not ext:
+            source.rejected.append(Rejected(None, relative, "file name has no extension, so no sample key"))
+            continue
+        groups.setdefault(key, {})[ext] = item.path
+    if required is None:  # the extensions at least half of the samples have
+        counts: dict[str, int] = {}
+        for members in groups.values():
+            for ext in members:
+                counts[ext] = counts.get(ext, 0) + 1
+        required = sorted(ext for ext, count in counts.items() if 2 * count >= len(groups))
+    source.required = list(required)
+    units = []
+    for key in sorted(groups):
+        missing = [ext for ext in source.required if ext not in groups[key]]
+        if missing:
+            source.rejected.append(Rejected(key, uri, f"incomplete: no {', '.join(missing)} member"))
+        else:
+            units.append((key, groups[key]))
+    source.units = units
+    return source
+
+
+def _read(fs, path: str) -> bytes:
+    if isinstance(fs, pafs.LocalFileSystem):  # plain open() is cheaper per small file
+        with open(path, "rb", buffering=0) as handle:
+            return handle.readall()
+    return storage.read_bytes(fs, path)
+
+
+def _read_file_sample(fs, unit: tuple[str, dict[str, str]]) -> tuple[str, dict[str, bytes] | None, str | None]:
+    key, paths = unit
+    members = {}
+    for ext, path in paths.items():
+        try:
+            members[ext] = _read(fs, path)
+        except OSError as exc:
+            return key, None, f"unreadable member {posixpath.basename(path)}: {exc}"
+    return key, members, None
+
+
+def ordered_prefetch(fn: Callable, items: Iterable, workers: int, window: int) -> Iterator:
+    """`map(fn, items)` in order, with up to `window` calls running ahead on `workers` threads."""
+    from collections import deque
+
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="seedance-read") as pool:
+        pending: deque = deque()
+        for item in items:
+            pending.append(pool.submit(fn, item))
+            if len(pending) >= window:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+
+
+def _cell_bytes(value: Any) -> bytes:
+    if isinstance(value, bytes | bytearray | memoryview):
+        return bytes(value)
+    if isinstance(value, str):
+        return value.encode("utf-8")
+    if isinstance(value, bool):
+        return b"1" if value else b"0"
+    if isinstance(value, int | float):
+        return str(value).encode()
+    return json.dumps(value, default=str).encode()
+
+
+def _parquet_samples(source: Source, shuffle: bool, seed: int) -> Iterator[tuple[str, dict[str, bytes]]]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    key_column = source.key_column
+    rng = random.Random(seed)
+    units = []  # (file, row group) pairs: a block shuffle keeps memory to one row group
+    for item in source.files:
+        relative = source.location.relative(item.path)
+        try:
+            metadata = pq.ParquetFile(source.location.fs.open_input_file(item.path)).metadata
+        except (OSError, pa.ArrowException) as exc:
+            source.rejected.append(Rejected(None, relative, f"unreadable Parquet file: {exc}"))
+            continue
+        units.extend((item.path, relative, group, metadata.num_rows) for group in range(metadata.num_row_groups))
+    if shuffle:
+        rng.shuffle(units)
+    for path, relative, group, _rows in units:
+        try:
+            table = pq.ParquetFile(source.location.fs.open_input_file(path)).read_row_group(group)
+        except (OSError, pa.ArrowException) as exc:
+            source.rejected.append(Rejected(None, f"{relative}#rowgroup{group}", f"unreadable row group: {exc}"))
+            continue
+        names = table.column_names
+        payload = [
+            name for name in names
+            if name != key_column and (pa.types.is_binary(table.schema.field(name).type)
+                                       or pa.types.is_large_binary(table.schema.field(name).type))
+        ]
+        required = source.required or payload
+        columns = {name: table.column(name).to_pylist() for name in names}
+        order = list(range(table.num_rows))
+        if shuffle:
+            rng.shuffle(order)
+        for row in order:
+            if key_column in columns and columns[key_column][row] is not None:
+                key = str(columns[key_column][row])
+            else:
+                key = f"{posixpath.splitext(relative)[0]}-{group:04d}-{row:08d}".replace("/", "_")
+            members = {
+                name: _cell_bytes(columns[name][row])
+                for name in names
+                if name != key_column and columns[name][row] is not None
+            }
+            missing = [name for name in required if name not in members]
+            bad_key = "/" in key or "." in posixpath.basename(key) or key.startswith(("_", "."))
+            if missing:
+                source.rejected.append(Rejected(key, f"{relative}#row{row}", f"incomplete: no {', '.join(missing)}"))
+            elif bad_key:
+                source.rejected.append(Rejected(key, f"{relative}#row{row}", "key contains '/', '.' or a hidden prefix"))
+            else:
+                yield key, members
+
+
+def iter_source_samples(
+    source: Source, *, shuffle: bool = False, seed: int = 0, read_workers: int = 4
+) -> Iterator[tuple[str, dict[str, bytes]]]:
+    """Good samples of `source` as (key, {ext: bytes}); bad ones are appended to `source.rejected`.
+
+    Sample files are read by `read_workers` threads ahead of the caller. With `shuffle`, sample
+    files are fully shuffled by `seed`; Parquet is block-shuffled (row groups, then rows within).
+    """
+    if source.kind == "parquet":
+        yield from _parquet_samples(source, shuffle, seed)
+        return
+    units = list(source.units)
+    if shuffle:
+        random.Random(seed).shuffle(units)
+    fs = source.location.fs
+    chunks = [units[i : i + READ_CHUNK] for i in range(0, len(units), READ_CHUNK)]
+    for chunk in ordered_prefetch(
+        lambda part: [_read_file_sample(fs, unit) for unit in part], chunks, read_workers, 4 * read_workers
+    ):
+        for key, members, error in chunk:
+            if error:
+                source.rejected.append(Rejected(key, source.uri, error))
+            else:
+                yield key, members

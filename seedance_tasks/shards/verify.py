@@ -1,0 +1,125 @@
+"""`seedance shards verify`: check shards without trusting them.
+
+Every tar is streamed once (so `s3://` costs one GET per shard) and checked: readable to the end,
+no member with an absolute name, `..`, a link, a device node or a FIFO, no key seen twice (in the
+same shard or across shards), and, where an index lists the shard, sample count, size and sha256
+equal to the index's. A bad shard is reported and the check goes on with the next one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from typing import Any
+
+from seedance_tasks.errors import InputError, IntegrityError, RefusedError
+from seedance_tasks.shards.index import ShardRef, resolve_shards
+from seedance_tasks.shards.tario import iter_members, split_key
+
+READ_CHUNK = 4 * 1024 * 1024
+
+
+class HashingReader:
+    """A read-only stream wrapper that hashes (sha256) and counts every byte read through it."""
+
+    def __init__(self, stream):
+        self.stream = stream
+        self.sha256 = hashlib.sha256()
+        self.size = 0
+
+    def read(self, size: int = -1) -> bytes:
+        data = self.stream.read(size) if size is not None and size >= 0 else self.stream.read()
+        self.sha256.update(data)
+        self.size += len(data)
+        return data
+
+    def drain(self) -> None:
+        while self.read(READ_CHUNK):
+            pass
+
+
+def _verify_shard(shard: ShardRef, seen: dict[str, str], problems: list[dict]) -> dict[str, Any]:
+    def problem(kind: str, message: str, key: str | None = None) -> None:
+        problems.append({"shard": shard.uri, "key": key, "kind": kind, "problem": message})
+
+    samples = 0
+    result: dict[str, Any] = {"shard": shard.uri, "samples": 0, "size": None, "sha256": None, "ok": True}
+    before = len(problems)
+    try:
+        with shard.location.fs.open_input_stream(shard.location.path) as raw:
+            reader = HashingReader(raw)
+            current_key: str | None = None
+            current_exts: set[str] = set()
+            for name, _data in iter_members(reader, shard.uri):
+                key, ext = split_key(name)
+                if key is None:
+                    problem("no-key", f"member {name!r} has no extension, so no sample key")
+                    continue
+                if key == current_key:
+                    if ext in current_exts:
+                        problem("duplicate", f"member {name!r} appears twice", key)
+                    current_exts.add(ext)
+                    continue
+                current_key, current_exts = key, {ext}
+                if key in seen:
+                    where = "earlier in this shard" if seen[key] == shard.uri else f"in {seen[key]}"
+                    problem("duplicate", f"key {key!r} already seen {where}", key)
+                seen[key] = shard.uri
+                samples += 1
+            reader.drain()
+    except RefusedError as exc:
+        problem("refused", exc.message)
+    except InputError as exc:
+        problem("unreadable", exc.message)
+    except OSError as exc:
+        problem("unreadable", f"cannot read {shard.uri}: {exc}")
+    else:
+        result.update(size=reader.size, sha256=reader.sha256.hexdigest())
+        if shard.nsamples is not None and shard.nsamples != samples:
+            problem("count", f"index says {shard.nsamples} samples, the tar holds {samples}")
+        if shard.size is not None and shard.size != reader.size:
+            problem("size", f"expected {shard.size} bytes, read {reader.size}")
+        if shard.sha256 is not None and shard.sha256 != result["sha256"]:
+            problem("checksum", f"sha256 {result['sha256']} differs from the index's {shard.sha256}")
+    result["samples"] = samples
+    result["ok"] = len(problems) == before
+    return result
+
+
+def verify(uri: str, *, use_index: bool = True, advance: Callable[[float], None] | None = None) -> dict[str, Any]:
+    """Check every shard of `uri` (any WebDataset source `resolve_shards` accepts); returns a report.
+
+    The report's `ok` is True only if no shard has a problem; `problems` lists each one with the
+    shard, the key where there is one, a kind (refused, unreadable, duplicate, count, size,
+    checksum) and a message. Never raises for bad shards; see `check` for that.
+    """
+    shard_set = resolve_shards(uri, use_index=use_index)
+    problems: list[dict] = []
+    seen: dict[str, str] = {}
+    per_shard = []
+    for shard in shard_set.shards:
+        per_shard.append(_verify_shard(shard, seen, problems))
+        if advance:
+            advance(1)
+    return {
+        "source": uri,
+        "index": shard_set.index_uri,
+        "ok": not problems,
+        "shards": len(per_shard),
+        "samples": sum(item["samples"] for item in per_shard),
+        "bytes": sum(item["size"] or 0 for item in per_shard),
+        "problems": problems,
+        "per_shard": per_shard,
+    }
+
+
+def raise_for_problems(report: dict[str, Any]) -> None:
+    """Raise RefusedError (a hostile tar) or IntegrityError (anything else) for a failed report."""
+    problems = report["problems"]
+    if not problems:
+        return
+    first = problems[0]
+    summary = f"{len(problems)} problem(s) in {report['source']}; first: {first['shard']}: {first['problem']}"
+    if any(item["kind"] == "refused" for item in problems):
+        raise RefusedError(summary, hint="these shards contain hostile members; they are never extracted")
+    raise IntegrityError(summary, hint="rebuild the listed shards (seedance shards build) or re-fetch them")

@@ -1,0 +1,190 @@
+"""The preprocessing pipeline: exactly-once output, bad samples reported, hostile tars refused,
+foreign shards and S3, the iterable dataset, tuning, and the DAG run."""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+from typer.testing import CliRunner
+
+from seedance_tasks import storage
+from seedance_tasks.cli import app
+from seedance_tasks.errors import RefusedError
+from seedance_tasks.preprocess.run import run
+from seedance_tasks.preprocess.settings import PreprocessSettings
+from seedance_tasks.shards.build import build
+from seedance_tasks.shards.sample import make_sample_files
+from seedance_tasks.shards.settings import ShardSettings
+from seedance_tasks.shards.tario import iter_members, iter_samples
+from tests.conftest import xcom_value
+
+SIZE = 32
+SETTINGS = PreprocessSettings(size=SIZE, io_workers=2, cpu_workers=2, batch_size=4)
+
+
+def read_output(directory: Path) -> dict[str, dict[str, bytes]]:
+    samples: dict[str, dict[str, bytes]] = {}
+    for tar in sorted(directory.glob("*.tar")):
+        with open(tar, "rb") as stream:
+            for sample in iter_samples(iter_members(stream, str(tar)), str(tar)):
+                assert sample.key not in samples, f"{sample.key} written twice"
+                samples[sample.key] = sample.members
+    return samples
+
+
+@pytest.fixture
+def shards(tmp_path):
+    src = tmp_path / "src"
+    keys = make_sample_files(src, 30, corrupt=(4, 17), png=(9,))
+    Image.new("RGB", (80, 40), (200, 10, 30)).save(src / f"{keys[0]}.jpg", format="JPEG", quality=95)
+    build(str(src), str(tmp_path / "shards"), settings=ShardSettings(max_samples=7, required_members=["cls"]))
+    return tmp_path / "shards", keys
+
+
+def test_every_sample_comes_out_exactly_once_and_bad_ones_are_reported(tmp_path, shards):
+    shard_dir, keys = shards
+    result = run(str(shard_dir), str(tmp_path / "out"), settings=SETTINGS)
+    output = read_output(tmp_path / "out")
+    failed = {(Path(f["shard"]).name, f["key"]) for f in result["failed"]}
+    assert {key for _shard, key in failed} == {keys[4], keys[17]}
+    assert sorted(list(output) + [key for _shard, key in failed]) == keys  # exactly once
+    assert ("shard-000000.tar", keys[4]) in failed and ("shard-000002.tar", keys[17]) in failed
+    assert result["samples_in"] == 30 and result["samples_out"] == 28
+    for key, members in output.items():
+        array = np.load(io.BytesIO(members["npy"]))
+        assert array.dtype == np.uint8 and array.shape == (3, SIZE, SIZE)
+        assert set(members) == {"npy", "cls", "json"}
+        assert int(members["cls"]) == int(key[-6:]) % 10
+    red = np.load(io.BytesIO(output[keys[0]]["npy"]))  # really decoded: a red picture stays red
+    assert abs(int(red[0].mean()) - 200) < 8 and red[1].mean() < 25 and red[2].mean() < 45
+    shares = result["stage_shares"]
+    assert set(shares) == {"read", "decode", "resize", "convert", "write"}
+    assert abs(sum(shares.values()) - 1) < 0.01 and result["samples_per_s"] > 0
+    index = json.loads((tmp_path / "out" / "shardindex.json").read_text())
+    assert sum(entry["nsamples"] for entry in index["shardlist"]) == 28 and index["seedance"]["failed"] == 2
+
+
+def test_rerun_skips_finished_shards(tmp_path, shards):
+    shard_dir, _keys = shards
+    first = run(str(shard_dir), str(tmp_path / "out"), settings=SETTINGS)
+    again = run(str(shard_dir), str(tmp_path / "out"), settings=SETTINGS)
+    assert first["shards"] == 5 and again["shards"] == 0 and len(again["skipped"]) == 5
+    assert len(read_output(tmp_path / "out")) == 28
+
+
+def test_hostile_tar_is_refused_before_anything_is_written(tmp_path, shards):
+    shard_dir, _keys = shards
+    with tarfile.open(shard_dir / "shard-000003.tar", "a") as archive:  # append a link to a good shard
+        info = tarfile.TarInfo("zz.jpg")
+        info.type = tarfile.SYMTYPE
+        info.linkname = "/etc/passwd"
+        archive.addfile(info)
+    out = tmp_path / "out"
+    with pytest.raises(RefusedError, match="symbolic link"):
+        run(str(shard_dir), str(out), settings=SETTINGS)
+    assert not out.exists() or not storage.list_files(storage.resolve(str(out)))
+    assert not out.exists() or not [p for p in out.iterdir() if p.name.startswith(".")]
+
+
+def test_foreign_shards_by_brace_pattern(tmp_path):
+    import webdataset as wds
+
+    from seedance_tasks.shards.sample import jpeg_bytes, photo_like
+
+    rng = np.random.default_rng(1)
+    for shard in range(2):
+        with wds.TarWriter(str(tmp_path / f"data-{shard:06d}.tar")) as writer:
+            for number in range(5):
+                writer.write({"__key__": f"s{shard}/k{number}", "jpeg": jpeg_bytes(photo_like(rng, 50, 70)),
+                              "txt": "hello"})
+    result = run(str(tmp_path / "data-{000000..000001}.tar"), str(tmp_path / "out"), settings=SETTINGS)
+    assert result["samples_out"] == 10 and not result["failed"]
+    assert sorted(read_output(tmp_path / "out")) == sorted(f"s{s}/k{n}" for s in range(2) for n in range(5))
+
+
+def test_s3_shards_in_and_out(tmp_path, s3_bucket):
+    make_sample_files(tmp_path / "src", 12, corrupt=(3,))
+    shards_uri, out_uri = f"s3://{s3_bucket}/shards", f"s3://{s3_bucket}/out"
+    build(str(tmp_path / "src"), shards_uri, settings=ShardSettings(max_samples=5))
+    result = run(shards_uri, out_uri, settings=SETTINGS)
+    assert result["samples_out"] == 11 and [f["key"] for f in result["failed"]] == ["sample-000003"]
+    from seedance_tasks.shards.verify import verify
+
+    report = verify(out_uri)
+    assert report["ok"] and report["samples"] == 11 and report["shards"] == 3
+
+
+def test_dataset_splits_shards_across_ranks_and_yields_arrays(shards):
+    from seedance_tasks.preprocess import ShardDataset
+
+    shard_dir, keys = shards
+    seen = []
+    for rank in range(2):
+        dataset = ShardDataset(str(shard_dir), size=SIZE, io_workers=1, cpu_workers=1, rank=rank, world_size=2)
+        samples = list(dataset)
+        assert len(samples) + len(dataset.failed) == len(dataset)
+        seen += [sample["__key__"] for sample in samples] + [f["key"] for f in dataset.failed]
+        for sample in samples:
+            assert sample["image"].shape == (3, SIZE, SIZE) and sample["image"].dtype == np.uint8
+            assert sample["cls"] == int(sample["__key__"][-6:]) % 10 and sample["json"]["number"] >= 0
+    assert sorted(seen) == keys
+
+
+def test_tune_prints_the_table_it_chose_from(shards):
+    shard_dir, _keys = shards
+    result = CliRunner().invoke(app, ["preprocess", "tune", "--shards", str(shard_dir), "--samples", "12",
+                                      "--size", str(SIZE), "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert len(report["table"]) >= 4 and all(row["samples"] == 12 for row in report["table"])
+    best = max(report["table"], key=lambda row: row["samples_per_s"])
+    assert report["chosen"] == {"io_workers": best["io_workers"], "cpu_workers": best["cpu_workers"]}
+
+
+def test_cli_run_json(tmp_path, shards):
+    shard_dir, _keys = shards
+    result = CliRunner().invoke(app, ["preprocess", "run", "--shards", str(shard_dir), "--out", str(tmp_path / "o"),
+                                      "--size", str(SIZE), "--io-workers", "1", "--cpu-workers", "1", "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["samples_out"] == 28 and report["io_workers"] == 1 and len(report["failed"]) == 2
+
+
+def test_preprocess_dag_builds_verifies_and_preprocesses(tmp_path, run_dag):
+    src = tmp_path / "src"
+    keys = make_sample_files(src, 20, corrupt=(6,))
+    (src / f"{keys[11]}.cls").unlink()  # incomplete: rejected at build time, reported
+    dag_run = run_dag("seedance_preprocess", {
+        "source": str(src), "shard_size": "16KiB", "image_size": SIZE, "io_workers": 1, "cpu_workers": 1,
+        "shards_per_group": 2,
+    })
+    assert dag_run.state == "success"
+    built = xcom_value(dag_run, "build_shards")
+    assert built["rejected"] == 1 and built["samples"] == 19 and built["shard_count"] >= 3
+    summary = xcom_value(dag_run, "finalize")
+    assert summary["samples_out"] == 18 and summary["failed"] == 1 and summary["rejected_at_build"] == 1
+    mapped = [ti for ti in dag_run.get_task_instances() if ti.task_id == "preprocess"]
+    assert len(mapped) == -(-built["shard_count"] // 2) and all(ti.state == "success" for ti in mapped)
+    output = read_output(Path(summary["out"]))
+    assert sorted(output) == sorted(set(keys) - {keys[6], keys[11]})
+
+
+def test_preprocess_dag_fails_at_verify_on_a_hostile_tar(tmp_path, run_dag):
+    shards_dir = tmp_path / "foreign"
+    shards_dir.mkdir()
+    with tarfile.open(shards_dir / "data-000000.tar", "w") as archive:
+        info = tarfile.TarInfo("../../escape.jpg")
+        info.size = 3
+        archive.addfile(info, io.BytesIO(b"abc"))
+    dag_run = run_dag("seedance_preprocess", {"source": str(shards_dir), "source_kind": "shards",
+                                              "out": str(tmp_path / "out")})
+    assert dag_run.state == "failed"
+    states = {ti.task_id: ti.state for ti in dag_run.get_task_instances()}
+    assert states["build_shards"] == "success" and states["verify_shards"] == "failed"
+    assert states["finalize"] != "success" and not (tmp_path / "out").exists()
