@@ -26,6 +26,7 @@ DEMOS = [
     "seedance_tasks.preprocess.demo",
     "seedance_tasks.training.demo",
     "seedance_tasks.checkpoint.demo",
+    "seedance_tasks.lifecycle.demo",
     "seedance_tasks.cost.demo",
 ]
 

@@ -54,6 +54,9 @@ class Location:
 
     def relative(self, path: str) -> str:
         """`path` (fs-native, below this location) relative to it."""
+        prefix = self.path.rstrip("/") + "/"
+        if path.startswith(prefix):  # the common case, without relpath's cost on big listings
+            return path[len(prefix):]
         return posixpath.relpath(path, self.path)
 
     def uri_of(self, path: str) -> str:

@@ -1,0 +1,93 @@
+"""Retention policy: which checkpoints of a run GC keeps, and why.
+
+Pure functions over manifests (no I/O), so the decision is easy to test and to explain: every
+kept step carries its reasons (`last`, `every`, `best`, `tagged`, `young`, `base of N`).
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from seedance_tasks.errors import UsageError
+from seedance_tasks.lifecycle.settings import LifecycleSettings, RetentionPolicy
+
+
+def policy_with(settings: LifecycleSettings, run: str, **overrides: Any) -> RetentionPolicy:
+    """The policy of `run` (config + per-run overrides) with per-call `overrides` (None ignored).
+
+    Raises UsageError naming the bad option (keep_last 0, keep_best without a metric, ...).
+    """
+    from pydantic import ValidationError
+
+    values = {key: value for key, value in overrides.items() if value is not None}
+    base = settings.policy_for(run).model_dump()
+    try:
+        return RetentionPolicy.model_validate({**base, **values})
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(map(str, e['loc'])) or 'policy'}: {e['msg'].removeprefix('Value error, ')} (got {e.get('input')!r})"
+            for e in exc.errors()
+        )
+        raise UsageError(
+            f"bad retention policy for run {run!r}: {problems}",
+            hint="keep_last >= 1, keep_every >= 1, keep_best >= 0 with a --metric; see lifecycle.retention in config",
+        ) from None
+
+
+def select(manifests: list[dict], policy: RetentionPolicy, now: datetime | None = None) -> dict[int, list[str]]:
+    """{step: reasons} of the steps `policy` keeps among `manifests` (one run), bases included.
+
+    A step kept only because a kept delta needs it has the reason `base of <step>`. Steps not in
+    the result are garbage. Checkpoints without the metric are never among the best.
+    """
+    now = now or datetime.now(UTC)
+    by_step = {int(m["step"]): m for m in manifests}
+    steps = sorted(by_step)
+    keep: dict[int, list[str]] = {}
+
+    def add(step: int, reason: str) -> None:
+        keep.setdefault(step, []).append(reason)
+
+    for step in steps[-policy.keep_last:]:
+        add(step, "last")
+    if policy.keep_every:
+        for step in steps:
+            if step % policy.keep_every == 0:
+                add(step, "every")
+    if policy.keep_best and policy.metric:
+        scored = [
+            (float(by_step[s]["metrics"][policy.metric]), s)
+            for s in steps
+            if isinstance((by_step[s].get("metrics") or {}).get(policy.metric), int | float)
+        ]
+        scored.sort(key=lambda item: (item[0] if policy.metric_mode == "min" else -item[0], -item[1]))
+        for _value, step in scored[: policy.keep_best]:
+            add(step, "best")
+    for step in steps:
+        manifest = by_step[step]
+        if policy.keep_tagged and manifest.get("tags"):
+            add(step, "tagged")
+        if policy.min_age:
+            created = datetime.fromisoformat(manifest["created_at"])
+            if (now - created).total_seconds() < policy.min_age:
+                add(step, "young")
+    for step in sorted(keep):
+        for base in by_step[step].get("chain") or []:
+            if int(base) not in keep or not any(r.startswith("base of") for r in keep[int(base)]):
+                add(int(base), f"base of {step}")
+    return {step: keep[step] for step in sorted(keep)}
+
+
+def missing_bases(manifests: list[dict], kept: dict[int, list[str]]) -> dict[int, list[int]]:
+    """{kept step: [chain steps not committed]}: kept checkpoints that are already unrestorable."""
+    present = {int(m["step"]) for m in manifests}
+    by_step = {int(m["step"]): m for m in manifests}
+    found = {}
+    for step in kept:
+        if step not in by_step:
+            continue
+        lost = [int(b) for b in by_step[step].get("chain") or [] if int(b) not in present]
+        if lost:
+            found[step] = lost
+    return found

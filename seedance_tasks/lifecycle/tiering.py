@@ -1,0 +1,351 @@
+"""Hot -> warm -> cold tiering of checkpoint data files: copy, verify sha256, switch, retire.
+
+A checkpoint's tier follows its age since save or, if later, since its last restore
+(`lifecycle.tiers.warm_after` / `cold_after`). Tiering only moves checkpoints colder. The
+manifest always stays in the store (listing and chains keep working); only its `files[name]`
+entries change: `uri` (where the file lives), `root` (the tier location it is under), `tier`,
+`storage_class`.
+
+Moving a checkpoint to a tier with its own location (`tiers.<tier>.uri`: a folder, a bucket or
+prefix) is one journaled step: record the intent; copy each file (local: hidden name + rename;
+S3: one PUT, readable class first) and verify the copy's sha256 against the source's; for an
+archive class (GLACIER, DEEP_ARCHIVE) change the verified object's class in place (ETag checked);
+switch the manifest (one atomic write); then move the sources to their root's trash. Before the
+switch a crash leaves the checkpoint where it was (the next run removes the orphan copies);
+after it, the next run retires the sources. A tier without a location on an S3 store is a
+storage-class change of the objects in place (S3 CopyObject onto itself), then a manifest update.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import posixpath
+from datetime import UTC, datetime
+
+from seedance_tasks import journal as journals
+from seedance_tasks import storage
+from seedance_tasks.checkpoint import store as ckpt
+from seedance_tasks.errors import IntegrityError, RefusedError
+from seedance_tasks.lifecycle import costs, inventory, journaled
+from seedance_tasks.lifecycle.inventory import FileRef
+from seedance_tasks.lifecycle.settings import ARCHIVE_CLASSES, TIERS, LifecycleSettings, TieringSettings
+from seedance_tasks.storage import Location
+
+BLOCK = 8 * 1024 * 1024
+
+
+def desired_tier(age_s: float, tiers: TieringSettings) -> str:
+    """The tier a checkpoint of this age (since save or last restore) belongs on."""
+    if age_s >= tiers.cold_after:
+        return "cold"
+    if age_s >= tiers.warm_after:
+        return "warm"
+    return "hot"
+
+
+def _rank(tier: str) -> int:
+    return TIERS.index(tier) if tier in TIERS else 0
+
+
+# --------------------------------------------------------------------------- copy + verify
+
+
+def _s3_bucket_key(path: str) -> tuple[str, str]:
+    bucket, _, key = path.partition("/")
+    return bucket, key
+
+
+def _sha256_of(location: Location, rel: str) -> str:
+    digest = hashlib.sha256()
+    with location.fs.open_input_stream(location.join(rel)) as stream:
+        while block := stream.read(BLOCK):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+class _HashingReader:
+    """A file-like over a pyarrow input stream that hashes what is read through it."""
+
+    def __init__(self, stream):
+        self.stream, self.digest = stream, hashlib.sha256()
+
+    def read(self, size: int = -1) -> bytes:
+        data = self.stream.read(BLOCK if size is None or size < 0 else size)
+        self.digest.update(data)
+        return data
+
+
+def copy_verified(src: FileRef, dst: FileRef, storage_class: str | None) -> dict:
+    """Copy `src` to `dst`, check the copy's sha256 against the source's; returns {sha256, bytes}.
+
+    Local destinations are written under a hidden name and renamed into place; S3 ones are one
+    PUT (in a readable class, so the copy can be read back), then moved to an archive class in
+    place if `storage_class` is one. On a mismatch the copy is removed and IntegrityError raised.
+    """
+    src_loc, dst_loc = storage.resolve(src.root), storage.resolve(dst.root)
+    final = dst_loc.join(dst.rel)
+    with src_loc.fs.open_input_stream(src_loc.join(src.rel)) as stream:
+        reader = _HashingReader(stream)
+        if dst_loc.is_s3:
+            import boto3.s3.transfer
+
+            bucket, key = _s3_bucket_key(final)
+            extra = {"StorageClass": storage_class} if storage_class and storage_class not in ARCHIVE_CLASSES else {}
+            client = storage.boto3_client("s3")
+            client.upload_fileobj(
+                reader, bucket, key, ExtraArgs=extra,
+                Config=boto3.s3.transfer.TransferConfig(multipart_threshold=5 * 1024**3, use_threads=False),
+            )
+            written = final
+        else:
+            dst_loc.fs.create_dir(posixpath.dirname(final), recursive=True)
+            written = storage.hidden_sibling(final, "copy")
+            with open(written, "wb") as out:
+                while block := reader.read(BLOCK):
+                    out.write(block)
+                out.flush()
+                os.fsync(out.fileno())
+    source_sha = reader.digest.hexdigest()
+    copy_sha = _sha256_of(dst_loc, dst_loc.relative(written))
+    if copy_sha != source_sha:
+        dst_loc.fs.delete_file(written)
+        raise IntegrityError(f"copy of {src.uri} to {dst.uri} does not match its sha256 (source changed or bad write)")
+    if not dst_loc.is_s3:
+        os.replace(written, final)
+    elif storage_class in ARCHIVE_CLASSES:
+        set_storage_class(final, storage_class, source_sha)
+    return {"sha256": source_sha}
+
+
+def set_storage_class(path: str, storage_class: str, expected_sha256: str | None = None) -> bool:
+    """Change an S3 object's storage class in place (CopyObject onto itself); False if it had it.
+
+    S3 computes the SHA-256 of the object it writes (ChecksumAlgorithm); it must equal
+    `expected_sha256` (default: the object's sha256 read before the copy), else IntegrityError.
+    """
+    import base64
+
+    client = storage.boto3_client("s3")
+    bucket, key = _s3_bucket_key(path)
+    current = client.head_object(Bucket=bucket, Key=key).get("StorageClass") or "STANDARD"
+    if current == storage_class:
+        return False
+    if current in ARCHIVE_CLASSES:
+        raise RefusedError(f"s3://{path} is in {current}; it cannot be copied to {storage_class}",
+                           hint="thaw it first (`seedance ckpt thaw`)")
+    if expected_sha256 is None:
+        expected_sha256 = _sha256_of(storage.resolve(f"s3://{bucket}"), key)
+    result = client.copy_object(
+        Bucket=bucket, Key=key, CopySource={"Bucket": bucket, "Key": key},
+        StorageClass=storage_class, MetadataDirective="COPY", ChecksumAlgorithm="SHA256",
+    )
+    written = (result.get("CopyObjectResult") or {}).get("ChecksumSHA256")
+    if not written or base64.b64decode(written).hex() != expected_sha256:
+        raise IntegrityError(f"s3://{path}: the copy in {storage_class} does not match its sha256")
+    return True
+
+
+# --------------------------------------------------------------------------- one checkpoint
+
+
+def _plan_moves(store: Location, manifest: dict, target: str, settings: LifecycleSettings) -> list[dict]:
+    spec = settings.tiers.spec(target)
+    tier_root = storage.resolve(spec.uri).uri if spec.uri else None  # absolute: manifests outlive the cwd
+    moves = []
+    for name in sorted(manifest["files"]):
+        src = inventory.file_ref(store, manifest, name)
+        dst = FileRef(tier_root, inventory.tier_rel(manifest, name)) if tier_root else FileRef(
+            store.uri, posixpath.join(manifest["run"], ckpt.step_dir(manifest["step"]), name))
+        dst_s3 = dst.root.startswith("s3://")
+        moves.append({
+            "name": name, "src": {"root": src.root, "rel": src.rel}, "dst": {"root": dst.root, "rel": dst.rel},
+            "in_place": src.uri == dst.uri, "storage_class": spec.storage_class if dst_s3 else None,
+            "src_storage_class": manifest["files"][name].get("storage_class"),
+        })
+    return moves
+
+
+def _switch(store: Location, run: str, step: int, manifest_id: str, moves: list[dict], target: str) -> None:
+    """Point the manifest's file entries at their new place (one atomic write)."""
+    manifest = ckpt.read_manifest(store, run, step)
+    if manifest["id"] != manifest_id:
+        raise IntegrityError(f"{run}/{ckpt.step_dir(step)} was replaced while it was being tiered")
+    for move in moves:
+        entry = manifest["files"][move["name"]]
+        dst = FileRef(move["dst"]["root"], move["dst"]["rel"])
+        in_store = dst.root == store.uri
+        entry.update(
+            tier=target, uri=None if in_store else dst.uri, root=None if in_store else dst.root,
+            storage_class=move["storage_class"],
+        )
+    inventory.write_manifest(store, manifest)
+
+
+def _switched(store: Location, entry: journals.Journal) -> bool | None:
+    """True if the journal's manifest already points at the copies; None if the checkpoint is gone."""
+    meta = entry.meta
+    try:
+        manifest = ckpt.read_manifest(store, meta["run"], meta["step"])
+    except IntegrityError:
+        return None
+    if manifest["id"] != meta["id"]:
+        return None
+    for move in meta["moves"]:
+        if inventory.file_ref(store, manifest, move["name"]).uri != FileRef(**move["dst"]).uri:
+            return False
+    return True
+
+
+def move_checkpoint(store: Location, manifest: dict, target: str, settings: LifecycleSettings, trash_id: str) -> dict:
+    """Move one checkpoint's data files to `target` (see the module doc); returns what was done."""
+    run, step = manifest["run"], manifest["step"]
+    moves = _plan_moves(store, manifest, target, settings)
+    blocked = [m["name"] for m in moves if m["src_storage_class"] in ARCHIVE_CLASSES and not m["in_place"]]
+    if blocked:
+        return {"run": run, "step": step, "to": target, "action": "skipped",
+                "reason": f"{len(blocked)} file(s) in an archive class; thaw them to move them"}
+    if all(m["in_place"] for m in moves):
+        for move in moves:
+            if move["storage_class"]:
+                set_storage_class(storage.resolve(move["dst"]["root"]).join(move["dst"]["rel"]), move["storage_class"])
+        _switch(store, run, step, manifest["id"], moves, target)
+        return {"run": run, "step": step, "to": target, "action": "moved", "files": len(moves)}
+    retires = [m["src"]["rel"] for m in moves if m["src"]["root"] == store.uri and not m["in_place"]]
+    external = [{**m["src"], "delete": False} for m in moves if m["src"]["root"] != store.uri and not m["in_place"]]
+    entry = journals.Journal.begin(
+        store, storage.new_run_id(), journaled.TIER_KIND, [], retires,
+        meta={"run": run, "step": step, "id": manifest["id"], "target": target, "moves": moves, "external": external},
+        trash_id=trash_id,
+    )
+    for move in moves:
+        if move["in_place"]:
+            if move["storage_class"]:
+                set_storage_class(storage.resolve(move["dst"]["root"]).join(move["dst"]["rel"]), move["storage_class"])
+            continue
+        copy_verified(FileRef(**move["src"]), FileRef(**move["dst"]), move["storage_class"])
+    _switch(store, run, step, manifest["id"], moves, target)
+    journaled.roll_forward(entry)
+    return {"run": run, "step": step, "to": target, "action": "moved", "files": len(moves)}
+
+
+def _drop_copies(entry: journals.Journal) -> None:
+    """Delete the copies of a tiering step that never switched its manifest (nothing refers to them)."""
+    for move in entry.meta["moves"]:
+        if move["in_place"]:
+            continue
+        dst = storage.resolve(move["dst"]["root"])
+        path = dst.join(move["dst"]["rel"])
+        if storage.is_file(dst.fs, path):
+            dst.fs.delete_file(path)
+        if not dst.is_s3:
+            directory, name = posixpath.split(path)
+            for leftover in storage.list_files(storage.resolve(directory), include_hidden=True):
+                if posixpath.basename(leftover.path).startswith(f".{name}.copy-"):
+                    dst.fs.delete_file(leftover.path)
+            journaled.prune_empty_dirs(dst, posixpath.dirname(move["dst"]["rel"]))
+
+
+def recover(store: Location) -> list[dict]:
+    """Finish the tiering steps a killed run left: forward if the manifest switched, else back."""
+    outcomes = []
+    for entry in journaled.pending(store, journaled.TIER_KIND):
+        switched = _switched(store, entry) if entry.state == journals.WRITING else True
+        if switched:
+            journaled.roll_forward(entry)
+            outcomes.append({"run_id": entry.run_id, "kind": entry.kind, "action": "rolled forward"})
+        else:
+            _drop_copies(entry)
+            entry._finish(journals.ROLLED_BACK)
+            outcomes.append({"run_id": entry.run_id, "kind": entry.kind, "action": "rolled back"})
+    return outcomes
+
+
+# --------------------------------------------------------------------------- a pass over the store
+
+
+def plan(store: Location, runs: list[str], settings: LifecycleSettings, now: datetime,
+         usable: list[str] = TIERS) -> tuple[list[dict], list[dict]]:
+    """(manifests, moves): each checkpoint whose desired tier (the coldest `usable` one up to the
+    tier its age asks for) is colder than where it is."""
+    found, moves = [], []
+    for run in runs:
+        restored = inventory.last_restored(store, run)
+        manifests = inventory.manifests(store, run)
+        for manifest in manifests:
+            found.append(manifest)
+            if settings.tiers.keep_latest_hot and manifest is manifests[-1]:
+                continue
+            age = inventory.age_s(manifest, restored.get(manifest["step"]), now)
+            current, wanted = inventory.tier_of(manifest), desired_tier(age, settings.tiers)
+            wanted = max((t for t in usable if _rank(t) <= _rank(wanted)), key=_rank)
+            if _rank(wanted) > _rank(current):
+                moves.append({"run": run, "step": manifest["step"], "from": current, "to": wanted,
+                              "bytes": inventory.stored_bytes(manifest), "age_s": round(age, 1), "_manifest": manifest})
+    return found, moves
+
+
+def _moved(manifest: dict, target: str, settings: LifecycleSettings) -> dict:
+    """The manifest as it will be on `target` (for the cost report of a dry run)."""
+    spec = settings.tiers.spec(target)
+    files = {name: {**entry, "tier": target, "storage_class": spec.storage_class} for name, entry in manifest["files"].items()}
+    return {**manifest, "files": files}
+
+
+def tier(
+    store_uri: str,
+    runs: list[str] | None = None,
+    *,
+    settings: LifecycleSettings | None = None,
+    apply: bool = False,
+    now: datetime | None = None,
+    trash_id: str | None = None,
+) -> dict:
+    """Move every checkpoint of `runs` (default: all) that is due to a colder tier; dry run unless `apply`.
+
+    Returns {"store", "applied", "moves": [...], "bytes_moved", "cost": {"before", "after",
+    "saving"}, "recovered", "skipped"}.
+    """
+    from seedance_tasks.lifecycle.gc import load_lifecycle_settings
+    from seedance_tasks.lifecycle.gc import recover as recover_all
+
+    settings = settings or load_lifecycle_settings()
+    store = storage.resolve(store_uri)
+    now = now or datetime.now(UTC)
+    names = runs or ckpt.runs(store)
+    usable = [name for name in TIERS if name == "hot" or settings.tiers.spec(name).uri or store.is_s3]
+    notes = [
+        f"tier {name} has no location and a local store has no storage classes: set lifecycle.tiers.{name}.uri"
+        for name in TIERS if name not in usable
+    ]
+    recovered = recover_all(store) if apply else []
+    trash_id = trash_id or storage.new_run_id()  # real time: purge dates trash by it
+    found, moves = plan(store, names, settings, now, usable)
+    before = costs.report(found, settings)
+    planned = {(m["run"], m["step"]): m for m in moves}
+    done, skipped = [], []
+    for move in moves:
+        if apply:
+            result = move_checkpoint(store, move["_manifest"], move["to"], settings, trash_id)
+            (done if result["action"] == "moved" else skipped).append({**result, "from": move["from"]})
+    after_manifests = [
+        _moved(m, planned[(m["run"], m["step"])]["to"], settings) if (m["run"], m["step"]) in planned else m
+        for m in found
+    ]
+    if apply:
+        after_manifests = [m for r in names for m in inventory.manifests(store, r)]
+    after = costs.report(after_manifests, settings)
+    for move in moves:
+        move.pop("_manifest")
+    return {
+        "store": store.uri,
+        "applied": apply,
+        "moves": moves,
+        "moved": len(done),
+        "skipped": skipped,
+        "bytes_moved": sum(m["bytes"] for m in moves),
+        "cost": {"before": before, "after": after, "saving": costs.saving(before, after)},
+        "trash_id": trash_id if apply else None,
+        "recovered": recovered,
+        "notes": notes,
+    }
