@@ -14,7 +14,7 @@ from __future__ import annotations
 import pendulum
 from airflow.sdk import Param, dag, get_current_context, task
 
-from seedance_tasks.dag_support import DEFAULT_ARGS, tags
+from seedance_tasks.dag_support import DEFAULT_ARGS, mapped_results, tags
 
 
 @dag(
@@ -95,7 +95,7 @@ def seedance_checkpoint_lifecycle():
         """Bytes and monthly cost by tier, before and after; what was deleted and moved."""
         from seedance_tasks.lifecycle import airflow_tasks
 
-        return airflow_tasks.report_task(planned, results, purged)
+        return airflow_tasks.report_task(planned, mapped_results(results), purged)
 
     planned = plan()
     gc_results = gc.expand(item=runs(planned))

@@ -14,7 +14,7 @@ from __future__ import annotations
 import pendulum
 from airflow.sdk import Asset, AssetOrTimeSchedule, CronTriggerTimetable, Param, dag, task
 
-from seedance_tasks.dag_support import DEFAULT_ARGS, tags
+from seedance_tasks.dag_support import DEFAULT_ARGS, mapped_results, tags
 
 CHECKPOINT_INBOX = Asset(name="seedance_checkpoint_inbox", uri="seedance://checkpoints/inbox")
 CHECKPOINT_STORE = Asset(name="seedance_checkpoint_store", uri="seedance://checkpoints/store")
@@ -97,7 +97,7 @@ def seedance_checkpoints():
         """One summary: files by status, bytes in and stored, ratio, problems."""
         from seedance_tasks.checkpoint import airflow_tasks
 
-        return airflow_tasks.report_task(scanned, list(results))
+        return airflow_tasks.report_task(scanned, mapped_results(results))
 
     @task(multiple_outputs=False, trigger_rule="none_failed")
     def purge_trash(summary: dict, params: dict | None = None) -> dict:

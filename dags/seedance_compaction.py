@@ -9,7 +9,7 @@ from __future__ import annotations
 import pendulum
 from airflow.sdk import Asset, Param, dag, task
 
-from seedance_tasks.dag_support import DEFAULT_ARGS, tags
+from seedance_tasks.dag_support import DEFAULT_ARGS, mapped_results, tags
 
 COMPACTED_LAKE = Asset(name="seedance_compacted_lake", uri="seedance://compaction/lake")
 
@@ -77,7 +77,7 @@ def seedance_compaction():
         """One summary for the run (files, bytes, rows, skipped, quarantined, estimated saving)."""
         from seedance_tasks.compaction import airflow_tasks
 
-        return airflow_tasks.report_task(planned, [results[i] for i in range(len(results))])
+        return airflow_tasks.report_task(planned, mapped_results(results))
 
     @task(multiple_outputs=False, trigger_rule="none_failed_min_one_success")
     def purge_trash(summary: dict, params: dict | None = None) -> dict:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pendulum
 from airflow.sdk import Asset, Param, dag, task
 
-from seedance_tasks.dag_support import DEFAULT_ARGS, tags
+from seedance_tasks.dag_support import DEFAULT_ARGS, mapped_results, tags
 
 PREPROCESSED_SHARDS = Asset(name="seedance_preprocessed_shards", uri="seedance://preprocess/shards")
 
@@ -109,7 +109,7 @@ def seedance_preprocess():
         """Write the output index; one summary for the run."""
         from seedance_tasks.preprocess import airflow_tasks
 
-        return airflow_tasks.finalize_task(built, [results[i] for i in range(len(results))])
+        return airflow_tasks.finalize_task(built, mapped_results(results))
 
     built = build_shards()
     verified = verify_shards(built)

@@ -45,6 +45,15 @@ def fail_fast(func: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+def mapped_results(results) -> list:
+    """The values of a mapped task's results, in map order, as a plain list.
+
+    Indexing Airflow's lazy sequence by position avoids the "XCom not found" error that plain
+    iteration logs when it probes one past the end.
+    """
+    return [results[index] for index in range(len(results))]
+
+
 def read_xcom(dag_run, task_id: str, key: str = "return_value", map_index: int = -1):
     """The XCom value `task_id` pushed in `dag_run` (read from the metadata DB), or None.
 
