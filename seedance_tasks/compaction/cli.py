@@ -13,7 +13,7 @@ def compact(
     target_file_size: str = typer.Option(None, help="size of the files written, e.g. 512MiB [config: 512MiB]"),
     small_file_size: str = typer.Option(None, help="compact files smaller than this [default: 75% of target]"),
     min_age: str = typer.Option(None, help="leave files younger than this alone: 0, 30m, 1h, 7d [config: 1h]"),
-    workers: int = typer.Option(None, min=1, help="worker processes [default: one per core]"),
+    workers: int = typer.Option(None, min=1, help="partitions compacted at once [default: one per core]"),
     dry_run: bool = typer.Option(False, "--dry-run", help="plan and report; change nothing"),
     as_json: bool = JSON_OPTION,
 ) -> None:

@@ -25,7 +25,7 @@ class CompactionSettings(StrictModel):
     dictionary_max_cardinality: float = Field(
         0.1, ge=0, le=1, description="dictionary-encode a column only below this distinct/rows ratio"
     )
-    workers: int = Field(0, ge=0, description="worker processes; 0 means one per core")
+    workers: int = Field(0, ge=0, description="partitions compacted at once (threads); 0 means one per core")
     s3_requests_per_file_per_month: int = Field(
         30 * 2, ge=0, description="reads (GET) + lists per small file per month, for the saving estimate"
     )

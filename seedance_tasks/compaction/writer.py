@@ -127,10 +127,14 @@ def _dictionary_columns(table: pa.Table, max_cardinality: float) -> list[str]:
     rows = max(table.num_rows, 1)
     for field_ in table.schema:
         kind = field_.type
-        if not (pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_binary(kind)
-                or pa.types.is_large_binary(kind) or pa.types.is_integer(kind) or pa.types.is_dictionary(kind)):
+        if not (pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_string_view(kind)
+                or pa.types.is_binary(kind) or pa.types.is_large_binary(kind) or pa.types.is_binary_view(kind)
+                or pa.types.is_integer(kind) or pa.types.is_dictionary(kind)):
             continue
-        distinct = pc.count_distinct(table.column(field_.name)).as_py()
+        column = table.column(field_.name)
+        if pa.types.is_string_view(kind) or pa.types.is_binary_view(kind):  # no count_distinct kernel
+            column = column.cast(pa.large_string() if pa.types.is_string_view(kind) else pa.large_binary())
+        distinct = pc.count_distinct(column).as_py()
         if distinct / rows <= max_cardinality:
             chosen.append(field_.name)
     return chosen
