@@ -10,9 +10,7 @@ sources retired to the trash, all through a journal (`seedance_tasks.journal`).
 from __future__ import annotations
 
 import posixpath
-from collections import deque
 from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import pyarrow as pa
@@ -25,6 +23,7 @@ from seedance_tasks.compaction.schema import SchemaConflict, conform, unify
 from seedance_tasks.compaction.settings import CompactionSettings
 from seedance_tasks.errors import IntegrityError
 from seedance_tasks.journal import Journal
+from seedance_tasks.parallel import ordered_map
 from seedance_tasks.storage import Location
 
 JOURNAL_KIND = "compaction"
@@ -97,27 +96,6 @@ def _read(root: Location, unit: _ReadUnit, schema: pa.Schema) -> pa.Table:
     finally:
         parquet.close()
     return conform(table, schema)
-
-
-def _read_ahead(root: Location, units: Iterator[_ReadUnit], schema: pa.Schema, *, threads: int = _READ_THREADS,
-                depth: int = _READ_AHEAD) -> Iterator[pa.Table]:
-    """The units' tables in order, read by `threads` threads running up to `depth` units ahead.
-
-    Small files are read in parallel (pyarrow releases the GIL while decoding) while the caller
-    encodes and compresses; memory stays bounded by `depth` units.
-    """
-    pending: deque[Future] = deque()
-    with ThreadPoolExecutor(threads, thread_name_prefix="compaction-read") as pool:
-        try:
-            for unit in units:
-                pending.append(pool.submit(_read, root, unit, schema))
-                if len(pending) >= depth:
-                    yield pending.popleft().result()
-            while pending:
-                yield pending.popleft().result()
-        finally:
-            for future in pending:
-                future.cancel()
 
 
 def _dictionary_columns(table: pa.Table, max_cardinality: float) -> list[str]:
@@ -287,7 +265,10 @@ def _attempt(root: Location, plan: PartitionPlan, run_id: str, journal_id: str, 
                             meta={"partition": plan.partition}, trash_id=run_id)
     writer = _RollingWriter(root, journal, plan.partition, run_id, schema, settings)
     try:
-        for table in _read_ahead(root, _read_units(opened, settings.row_group_size // 4), schema):
+        units = _read_units(opened, settings.row_group_size // 4)
+        # small files are read in parallel (pyarrow decodes without the GIL) while this thread encodes
+        for table in ordered_map(lambda unit: _read(root, unit, schema), units, threads=_READ_THREADS,
+                                 ahead=_READ_AHEAD, name="compaction-read"):
             writer.write(table)
         outputs = writer.close()
         written_rows, written_bytes = _verify(root, outputs, rows, schema)

@@ -435,12 +435,16 @@ def allocate_month(uri: str, owners: OwnersFile, month: str, basis: str = "Effec
     do the same plus validation of every column, outputs and invoice reconciliation.
     """
     from seedance_tasks.cost.ingest import month_bounds, read_focus
+    from seedance_tasks.parallel import ordered_map
 
     start, end = month_bounds(month)
     attributor = Attributor(owners, basis, splits)
     totals = Totals()
-    for batch, _ in read_focus(uri, batch_rows=batch_rows, columns=attributor.needed_columns(),
-                               costs=tuple(sorted({basis, *(("BilledCost", "EffectiveCost") if splits else ())}))):
-        for out in attributor.attribute(in_month(batch, start, end)):
+    batches = read_focus(uri, batch_rows=batch_rows, columns=attributor.needed_columns(),
+                         costs=tuple(sorted({basis, *(("BilledCost", "EffectiveCost") if splits else ())})))
+    # the next batch is read and parsed while the previous ones are attributed (both cores busy)
+    for outs in ordered_map(lambda item: attributor.attribute(in_month(item[0], start, end)), batches,
+                            threads=2, ahead=2, name="cost-attribute"):
+        for out in outs:
             totals.add(out)
     return totals

@@ -14,8 +14,7 @@ from __future__ import annotations
 import json
 import posixpath
 import random
-from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,6 +22,7 @@ import pyarrow.fs as pafs
 
 from seedance_tasks import storage
 from seedance_tasks.errors import InputError, UsageError
+from seedance_tasks.parallel import ordered_map
 from seedance_tasks.shards.tario import split_key
 from seedance_tasks.storage import Location
 
@@ -130,20 +130,6 @@ def _read_file_sample(fs, unit: tuple[str, dict[str, str]]) -> tuple[str, dict[s
     return key, members, None
 
 
-def ordered_prefetch(fn: Callable, items: Iterable, workers: int, window: int) -> Iterator:
-    """`map(fn, items)` in order, with up to `window` calls running ahead on `workers` threads."""
-    from collections import deque
-
-    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="seedance-read") as pool:
-        pending: deque = deque()
-        for item in items:
-            pending.append(pool.submit(fn, item))
-            if len(pending) >= window:
-                yield pending.popleft().result()
-        while pending:
-            yield pending.popleft().result()
-
-
 def _cell_bytes(value: Any) -> bytes:
     if isinstance(value, bytes | bytearray | memoryview):
         return bytes(value)
@@ -226,8 +212,9 @@ def iter_source_samples(
         random.Random(seed).shuffle(units)
     fs = source.location.fs
     chunks = [units[i : i + READ_CHUNK] for i in range(0, len(units), READ_CHUNK)]
-    for chunk in ordered_prefetch(
-        lambda part: [_read_file_sample(fs, unit) for unit in part], chunks, read_workers, 4 * read_workers
+    for chunk in ordered_map(
+        lambda part: [_read_file_sample(fs, unit) for unit in part], chunks,
+        threads=read_workers, ahead=4 * read_workers, name="seedance-read",
     ):
         for key, members, error in chunk:
             if error:
