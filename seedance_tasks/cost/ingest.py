@@ -66,25 +66,33 @@ def _money(values: pa.Array) -> tuple[pa.Array, dict[int, str]]:
         return pc.cast(values, MONEY), {}
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
         pass
-    out: list[Decimal | None] = []
+    return _parse_each(values, lambda item: parse_amount(str(item)), MONEY)
+
+
+def _parse_each(values: pa.Array, parse, kind: pa.DataType) -> tuple[pa.Array, dict[int, str]]:
+    """The slow path, value by value: what `parse` refuses becomes null, with its reason."""
+    out: list = []
     bad: dict[int, str] = {}
     for index, item in enumerate(values.to_pylist()):
         if item is None:
             out.append(None)
             continue
         try:
-            out.append(parse_amount(str(item)))
+            out.append(parse(item))
         except ValueError as exc:
             out.append(None)
             bad[index] = str(exc)
-    return pa.array(out, type=MONEY), bad
+    return pa.array(out, type=kind), bad
 
 
 def _parse_ts(text: str) -> datetime:
     body = text.strip().replace(" ", "T", 1)
     if body.endswith(("Z", "z")):
         body = body[:-1] + "+00:00"
-    value = datetime.fromisoformat(body)
+    try:
+        value = datetime.fromisoformat(body)
+    except ValueError:
+        raise ValueError(f"not a timestamp: {text!r}") from None
     return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 
@@ -106,18 +114,7 @@ def _timestamps(values: pa.Array) -> tuple[pa.Array, dict[int, str]]:
         return pc.cast(zoned, TS), {}
     except pa.ArrowInvalid:
         pass
-    out: list[datetime | None] = []
-    bad: dict[int, str] = {}
-    for index, item in enumerate(values.to_pylist()):
-        if item is None:
-            out.append(None)
-            continue
-        try:
-            out.append(_parse_ts(item))
-        except ValueError:
-            out.append(None)
-            bad[index] = f"not a timestamp: {item!r}"
-    return pa.array(out, type=TS), bad
+    return _parse_each(values, _parse_ts, TS)
 
 
 def _text(values: pa.Array) -> pa.Array:
