@@ -33,41 +33,50 @@ def _start(lake):
     return child
 
 
+def _calibrate(pristine, tmp_path) -> float:
+    """How long the compaction itself takes here: the faster of two runs (the first warms caches)."""
+    spans = []
+    for attempt in range(2):
+        work = tmp_path / f"calibrate-{attempt}"
+        shutil.copytree(pristine, work)
+        child = _start(work)
+        started = time.monotonic()
+        child.wait(120)
+        spans.append(time.monotonic() - started)
+    return min(spans)
+
+
 def test_kill_9_at_random_points_never_loses_or_duplicates_rows(tmp_path, lake):
     original = read_lake(lake)
     pristine = tmp_path / "pristine"
     shutil.copytree(lake, pristine)
-
-    child = _start(lake)
-    started = time.monotonic()  # calibration: how long the compaction itself takes here
-    child.wait(120)
-    span = time.monotonic() - started
-    assert read_lake(lake).equals(original)
+    span = _calibrate(pristine, tmp_path)
 
     rng = random.Random(20261129)
-    outcomes = {"killed": 0, "finished": 0}
-    for trial in range(12):
-        work = tmp_path / f"trial-{trial}"
+    killed = trials = 0
+    while killed < 8 and trials < 30:
+        work = tmp_path / f"trial-{trials}"
+        trials += 1
         shutil.copytree(pristine, work)
         child = _start(work)
-        time.sleep(rng.uniform(0, span * 1.1))
+        time.sleep(rng.uniform(0, span))
         if child.poll() is None:
             os.killpg(child.pid, signal.SIGKILL)
-            outcomes["killed"] += 1
+            killed += 1
         else:
-            outcomes["finished"] += 1
+            span *= 0.8  # finished before the kill: aim earlier next time
         child.wait(30)
 
         # right after the crash: every row still readable; duplicates allowed only transiently
         crashed = read_lake(work)
         ids = set(crashed.column("event_id").to_pylist())
-        assert ids == set(original.column("event_id").to_pylist()), f"trial {trial}: rows lost"
+        assert ids == set(original.column("event_id").to_pylist()), f"trial {trials}: rows lost"
 
         # the next run finishes or undoes the interrupted one: exactly the original rows
         rerun = _start(work)
         rerun.wait(120)
-        assert rerun.returncode == 0, f"trial {trial}: recovery run failed"
-        assert read_lake(work).equals(original), f"trial {trial}: rows differ after recovery"
+        assert rerun.returncode == 0, f"trial {trials}: recovery run failed"
+        assert read_lake(work).equals(original), f"trial {trials}: rows differ after recovery"
         assert journal.pending(storage.resolve(work)) == []
         assert not [f for f in visible_data_files(work) if "staging" in f]
-    assert outcomes["killed"] >= 6, outcomes
+    assert killed >= 8, f"only {killed} of {trials} runs were killed mid-way"
