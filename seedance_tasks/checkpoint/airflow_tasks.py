@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from seedance_tasks.dag_support import fail_fast
 from seedance_tasks.errors import UsageError
 
 
@@ -25,6 +26,7 @@ def _settings(params: dict | None):
     return settings
 
 
+@fail_fast
 def scan_task(params: dict | None) -> dict[str, Any]:
     """List the inbox files ready to compress (mapped over by `ingest`)."""
     from seedance_tasks.checkpoint import ingest
@@ -34,6 +36,7 @@ def scan_task(params: dict | None) -> dict[str, Any]:
     return {"items": found["ready"], "skipped": found["skipped"], "inbox": settings.inbox, "store": settings.store}
 
 
+@fail_fast
 def ingest_task(item: dict, params: dict | None, run_id: str | None = None) -> dict[str, Any]:
     """Compress one raw checkpoint into the store, verify it, retire the raw file."""
     from seedance_tasks.checkpoint import ingest
@@ -48,6 +51,7 @@ def ingest_task(item: dict, params: dict | None, run_id: str | None = None) -> d
     )
 
 
+@fail_fast
 def report_task(scanned: dict, results: list[dict]) -> dict[str, Any]:
     """One summary for the run: counts by status, bytes, ratio, problems (quarantined, conflicts)."""
     from seedance_tasks.checkpoint import ingest
@@ -58,6 +62,7 @@ def report_task(scanned: dict, results: list[dict]) -> dict[str, Any]:
     return summary
 
 
+@fail_fast
 def purge_task(params: dict | None) -> dict[str, Any]:
     """Free the inbox trash (retired raw checkpoints) older than `purge_older_than`."""
     from seedance_tasks import storage

@@ -8,6 +8,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from seedance_tasks.dag_support import fail_fast
 from seedance_tasks.errors import UsageError
 
 log = logging.getLogger("seedance.training")
@@ -34,6 +35,7 @@ def _run_name(params: dict, run_id: str | None) -> str | None:
     return "dag-" + re.sub(r"[^A-Za-z0-9_.-]+", "-", run_id).strip("-.")
 
 
+@fail_fast
 def plan_task(params: dict, run_id: str | None = None) -> dict:
     """The launch plan (profile, env, ranks, command) plus where this run's logs and checkpoints go."""
     from seedance_tasks.config import load_settings
@@ -112,6 +114,7 @@ def _summary(result: dict[str, Any]) -> dict:
     return {key: result.get(key) for key in keys}
 
 
+@fail_fast
 def health_task(planned: dict) -> dict:
     """The health report of the job's log (also after a failed launch: that is when it matters)."""
     from seedance_tasks.training import health
@@ -132,6 +135,7 @@ def health_task(planned: dict) -> dict:
     }
 
 
+@fail_fast
 def checkpoints_task(launched: dict) -> dict:
     """Announce the run's new checkpoints (the Asset event); skipped when it saved none."""
     from airflow.sdk.exceptions import AirflowSkipException
