@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.airflow_services import free_port
+
 REPO = Path(__file__).resolve().parent.parent
 DATA = Path(__file__).resolve().parent / "data"
 
@@ -83,16 +85,10 @@ def xcom_value(dag_run, task_id: str, key: str = "return_value", map_index: int 
 # --------------------------------------------------------------------------- S3 on loopback
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture(scope="session")
 def s3_server():
     """A real S3-compatible HTTP server (moto_server) on 127.0.0.1, and the AWS env pointing at it."""
-    port = _free_port()
+    port = free_port()
     server = subprocess.Popen(
         [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
         stdout=subprocess.DEVNULL,

@@ -9,54 +9,16 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
 from decimal import Decimal
 from pathlib import Path
 
 import pytest
 
+from tests.airflow_services import AirflowServices, free_port
 from tests.cost.helpers import three_months
 
 REPO = Path(__file__).resolve().parents[2]
-AIRFLOW = str(Path(sys.executable).parent / "airflow")
 DAG_ID = "seedance_cost_recovery"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _airflow(env, *args, timeout=120) -> str:
-    done = subprocess.run([AIRFLOW, *args], env=env, capture_output=True, text=True, timeout=timeout)
-    assert done.returncode == 0, done.stderr[-2000:]
-    return done.stdout
-
-
-def _json_list(text: str) -> list[dict]:
-    """The JSON array in a CLI's stdout (it may print other lines, or nothing when there are no runs)."""
-    start, end = text.find("[{"), text.rfind("}]")
-    return json.loads(text[start:end + 2]) if start >= 0 and end > start else []
-
-
-def _wait_healthy(port: int, process: subprocess.Popen, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v2/monitor/health", timeout=5) as response:
-                if response.status == 200:
-                    return
-        except OSError:
-            pass
-        assert process.poll() is None, "the API server exited"
-        assert time.monotonic() < deadline, "the API server did not come up"
-        time.sleep(1)
 
 
 @pytest.mark.slow
@@ -67,7 +29,7 @@ def test_airflow_backfill_create_runs_three_past_months(tmp_path):
     dags.mkdir()
     shutil.copy(REPO / "dags" / "seedance_cost_recovery.py", dags)
     home = tmp_path / "airflow"
-    port = _free_port()
+    port = free_port()
     env = {key: value for key, value in os.environ.items()
            if not key.startswith(("AIRFLOW", "SEEDANCE__", "AWS_"))}
     env.update({
@@ -85,43 +47,33 @@ def test_airflow_backfill_create_runs_three_past_months(tmp_path):
         "SEEDANCE__COST__OUT_URI": str(out),
     })
     home.mkdir()
-    _airflow(env, "db", "migrate")
-    _airflow(env, "dags", "reserialize")
+    services = AirflowServices(home, env)
+    services.airflow("db", "migrate")
+    services.airflow("dags", "reserialize")
     conf = json.dumps({"billing": str(billing), "owners": str(owners), "out": str(out), "apply": True})
     # created before the services start: SQLite takes one writer at a time
-    _airflow(env, "backfill", "create", "--dag-id", DAG_ID, "--from-date", "2024-07-01",
+    services.airflow("backfill", "create", "--dag-id", DAG_ID, "--from-date", "2024-07-01",
              "--to-date", "2024-09-30", "--dag-run-conf", conf)
-    logs, services = [], []
     try:
-        for name in ("api-server", "scheduler"):  # tasks report to the API server: it must be up first
-            logs.append(open(tmp_path / f"{name}.log", "w"))  # noqa: SIM115
-            services.append(subprocess.Popen([AIRFLOW, name], env=env, stdout=logs[-1], stderr=subprocess.STDOUT,
-                                             start_new_session=True))
-            if name == "api-server":
-                _wait_healthy(port, services[-1])
-        deadline = time.monotonic() + 300
+        services.start("api-server", "api-server")  # tasks report to the API server: it must be up first
+        services.wait_healthy(port)
+        services.start("scheduler", "scheduler")
         summaries = [out / f"month={month}" / "summary.json" for month in ("2024-07", "2024-08", "2024-09")]
-        while not all(path.exists() for path in summaries):  # files, not the DB: no lock contention
-            assert time.monotonic() < deadline, "backfill did not publish three months"
-            time.sleep(2)
-        while True:
-            listed = subprocess.run([AIRFLOW, "dags", "list-runs", DAG_ID, "-o", "json"], env=env,
-                                    capture_output=True, text=True, timeout=120)  # may meet a locked DB: retry
-            backfills = [run for run in _json_list(listed.stdout) if run["run_id"].startswith("backfill__")]
-            if len(backfills) == 3 and all(run["state"] in ("success", "failed") for run in backfills):
-                break
-            assert time.monotonic() < deadline, f"backfill runs did not finish: {backfills}"
-            time.sleep(2)
+        # files, not the DB: no lock contention
+        services.wait_until(lambda: all(path.exists() for path in summaries), 300,
+                            "the backfill to publish three months")
+
+        def finished_backfills():
+            try:  # list-runs may meet a locked SQLite DB: try again
+                runs = services.json("dags", "list-runs", DAG_ID)
+            except RuntimeError:
+                return None
+            found = [run for run in runs if run["run_id"].startswith("backfill__")]
+            return found if len(found) == 3 and all(run["state"] in ("success", "failed") for run in found) else None
+
+        backfills = services.wait_until(finished_backfills, 300, "the backfill runs to finish")
     finally:
-        for service in services:
-            os.killpg(service.pid, signal.SIGTERM)
-        for service in services:
-            try:
-                service.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(service.pid, signal.SIGKILL)
-        for log in logs:
-            log.close()
+        services.stop()
     assert sorted(run["logical_date"][:7] for run in backfills) == ["2024-07", "2024-08", "2024-09"]
     assert {run["state"] for run in backfills} == {"success"}, backfills
     for month, alpha in (("2024-07", "10.5"), ("2024-08", "20.25"), ("2024-09", "30.125")):
