@@ -115,15 +115,34 @@ def _describe(error: ValidationError, source: str) -> ConfigError:
     )
 
 
+_PARSED: dict[tuple, StrictModel] = {}
+
+
 def load_settings(path: str | Path | None = None, environ: Mapping[str, str] | None = None):
     """Settings from `path` (default: $SEEDANCE_CONFIG or config/seedance.yaml) plus env overrides.
 
-    Raises ConfigError naming the key for unknown keys and malformed values.
+    Raises ConfigError naming the key for unknown keys and malformed values. The file is parsed
+    again only when it, the path or the SEEDANCE__* environment changes (training loops and
+    stores ask often); each call returns its own copy.
     """
     environ = os.environ if environ is None else environ
+    explicit = path is not None or bool(environ.get(CONFIG_ENV))
     source = Path(path or environ.get(CONFIG_ENV) or DEFAULT_CONFIG)
+    try:
+        stamp = source.stat().st_mtime_ns
+    except OSError:
+        stamp = None
+    overrides = tuple(sorted((key, value) for key, value in environ.items() if key.startswith(ENV_PREFIX)))
+    key = (str(source), explicit, stamp, overrides)
+    if key not in _PARSED:
+        _PARSED.clear()
+        _PARSED[key] = _parse_settings(source, explicit, environ)
+    return _PARSED[key].model_copy(deep=True)
+
+
+def _parse_settings(source: Path, explicit: bool, environ: Mapping[str, str]):
     data: dict[str, Any] = {}
-    if path is not None or environ.get(CONFIG_ENV) or source.exists():
+    if explicit or source.exists():
         try:
             loaded = yaml.safe_load(source.read_text()) or {}
         except FileNotFoundError:

@@ -18,26 +18,11 @@ from typing import Any
 __all__ = ["save", "load", "latest_step", "load_tensor"]
 
 
-_LOADED: dict[tuple, Any] = {}
-
-
 def _settings(**overrides: Any):
-    """The `checkpoint:` settings with `overrides`; the config file is parsed again only when it
-    or the SEEDANCE__* environment changes (a training loop saves often; parsing costs ~25 ms)."""
-    import os
+    """The `checkpoint:` settings with `overrides` (load_settings caches the parsed file)."""
+    from seedance_tasks.config import load_settings, settings_with
 
-    from seedance_tasks.config import CONFIG_ENV, DEFAULT_CONFIG, ENV_PREFIX, load_settings, settings_with
-
-    path = os.environ.get(CONFIG_ENV) or str(DEFAULT_CONFIG)
-    try:
-        stamp = os.stat(path).st_mtime_ns
-    except OSError:
-        stamp = None
-    key = (path, stamp, tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith(ENV_PREFIX))))
-    if key not in _LOADED:
-        _LOADED.clear()
-        _LOADED[key] = load_settings()
-    return settings_with(_LOADED[key], "checkpoint", **overrides)
+    return settings_with(load_settings(), "checkpoint", **overrides)
 
 
 def save(state: Any, store: str, run: str, step: int, **options: Any) -> dict:
