@@ -128,6 +128,31 @@ def bench_seedance(name: str, states, store: Path, **options) -> dict:
             "raw": raw, "stored": stored, "kinds": kinds, "summaries": summaries}
 
 
+def ceilings(states, folder: Path) -> dict:
+    """What this machine allows on the same bytes: sha256 on 2 threads (every save hashes every chunk
+    and every load checks it) and writing them to a file next to the stores."""
+    from concurrent.futures import ThreadPoolExecutor
+    import hashlib
+
+    blobs = [tensor_blob(state) for state in states]
+    total = sum(len(blob) for blob in blobs)
+    chunk = 4 * 1024**2
+    pieces = [memoryview(blob)[i : i + chunk] for blob in blobs for i in range(0, len(blob), chunk)]
+    with ThreadPoolExecutor(2) as pool:
+        start = time.perf_counter()
+        list(pool.map(lambda piece: hashlib.sha256(piece).digest(), pieces))
+        sha = total / (time.perf_counter() - start) / 1e6
+    folder.mkdir(parents=True, exist_ok=True)
+    target = folder / "write-probe.bin"
+    start = time.perf_counter()
+    with open(target, "wb") as handle:
+        for piece in pieces:
+            handle.write(piece)
+    write = total / (time.perf_counter() - start) / 1e6
+    target.unlink()
+    return {"sha256": sha, "write": write}
+
+
 def restore_times(store: Path, steps: list[int], reps: int) -> tuple[float, float, int]:
     """Best-of-`reps` restore seconds of the keyframe and of the deepest delta after it."""
     from seedance_tasks import checkpoint
@@ -174,6 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{len(states)} checkpoints of {raw_each / 1e6:.1f} MB (fp32 weights + AdamW state), "
           f"{args.every} steps apart, after {args.warmup} warm-up steps; 2 cores\n", flush=True)
 
+    limits = ceilings([s for _, s in states], WORK)
     results = [bench_seedance("seedance auto", states, WORK / "store-auto")]
     key_s, deep_s, depth = restore_times(WORK / "store-auto", [s for s, _ in states], 3)
     results.append(bench_seedance("seedance bgzstd (no delta)", states, WORK / "store-bg", codec="bgzstd"))
@@ -215,6 +241,8 @@ def main(argv: list[str] | None = None) -> int:
         if name in peers:
             print(f"seedance auto / {name}: {auto['ratio'] / peers[name]['ratio']:.3f}x smaller "
                   f"(sequence), {auto['first'] / peers[name]['first']:.3f}x (first checkpoint)")
+    print(f"machine ceilings on the same bytes: sha256 on 2 threads {limits['sha256']:,.0f} MB/s "
+          f"(save hashes every chunk, load checks every chunk); file write {limits['write']:,.0f} MB/s")
     print(f"\nload average (1 min) before / after: {load_before:.1f} / {os.getloadavg()[0]:.1f} "
           f"on {os.cpu_count()} cores (other work on the machine lowers every MB/s figure alike)")
     print("goals: sequence >= 1.30x, first checkpoint >= 1.20x and >= zipnn, compress >= 1,000 MB/s, "

@@ -33,9 +33,8 @@ GROUPED_CODECS = ("bgzstd", *DELTA_CODECS)
 SUB_MARGIN = 0.06  # delta-sub must beat the best plane-wise delta by this much: it costs two ungroupings per level
 ALL_CODECS = FULL_CODECS + DELTA_CODECS
 RAW_PLANE_RATIO = 0.97  # a plane that zstd does not shrink below this is stored raw
-SAMPLE_BYTES = 64 * 1024
+SAMPLE_BYTES = 32 * 1024
 RAW_FLAG = 1 << 31  # high bit of a segment length: the plane is stored raw
-_BLOCK = 1 << 16  # elements per ungroup step: temporaries stay in the L2 cache
 
 _UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 _local = threading.local()
@@ -57,44 +56,24 @@ def _decompressor() -> zstandard.ZstdDecompressor:
     return found
 
 
-def group(raw: np.ndarray, width: int) -> list[np.ndarray]:
-    """The byte planes of `raw` (elements of `width` bytes): `width` contiguous uint8 arrays."""
+def group(raw: np.ndarray, width: int) -> np.ndarray:
+    """The byte planes of `raw` (elements of `width` bytes): a (width, count) uint8 array whose
+    rows are the planes, each contiguous."""
     if width == 1 or raw.size == 0:
-        return [raw]
-    kind = _UINT.get(width)
-    if kind is None:
-        return list(np.ascontiguousarray(raw.reshape(-1, width).T))
-    values = raw.view(kind)
-    planes = [np.empty(values.size, dtype=np.uint8) for _ in range(width)]
-    shifts = [kind(8 * index) for index in range(width)]
-    for start in range(0, values.size, _BLOCK):  # blocked shifts: ~2x a transpose, in cache
-        block = values[start : start + _BLOCK]
-        for index in range(width):
-            np.copyto(planes[index][start : start + _BLOCK], block >> shifts[index], casting="unsafe")
+        return raw.reshape(1, -1)
+    planes = np.empty((width, raw.size // width), dtype=np.uint8)
+    np.copyto(planes, raw.reshape(-1, width).T)  # gathers strided, writes contiguous: ~3x a shift loop
     return planes
 
 
-def ungroup(planes: list[np.ndarray], width: int, out: np.ndarray) -> None:
+def ungroup(planes, width: int, out: np.ndarray) -> None:
     """Write the elements whose byte planes are `planes` into `out` (uint8, width * plane length)."""
     if width == 1 or out.size == 0:
         out[:] = planes[0]
         return
-    count = out.size // width
-    kind = _UINT.get(width)
-    if kind is None:
-        view = out.reshape(count, width)
-        for index, plane in enumerate(planes):
-            view[:, index] = plane
-        return
-    # little-endian: plane i holds bits 8i..8i+7; shifting whole planes beats a strided transpose
-    target = out.view(kind)
-    shifts = [kind(8 * index) for index in range(width)]
-    for start in range(0, count, _BLOCK):
-        stop = min(start + _BLOCK, count)
-        block = target[start:stop]
-        np.copyto(block, planes[0][start:stop], casting="unsafe")
-        for index in range(1, width):
-            block |= planes[index][start:stop].astype(kind) << shifts[index]
+    view = out.reshape(-1, width)
+    for index, plane in enumerate(planes):  # one strided scatter per plane beats a transposed copy
+        view[:, index] = plane
 
 
 def _as_int(raw: np.ndarray, width: int) -> np.ndarray:
@@ -102,10 +81,14 @@ def _as_int(raw: np.ndarray, width: int) -> np.ndarray:
 
 
 def delta(op: str, current: np.ndarray, base: np.ndarray, width: int) -> np.ndarray:
-    """`current` against `base` (same length): 'xor' -> a ^ b, 'sub' -> a - b (wrapping)."""
-    a, b = _as_int(current, width), _as_int(base, width)
-    out = np.bitwise_xor(a, b) if op == "xor" else np.subtract(a, b)
-    return out.view(np.uint8)
+    """`current` against `base` (same length), as raw bytes: 'xor' -> a ^ b, 'bsub' -> a - b on each
+    byte, 'sub' -> a - b on whole elements (all wrapping). XOR and bsub work byte by byte, so they
+    commute with byte grouping."""
+    if op == "xor":
+        return np.bitwise_xor(current, base)
+    if op == "bsub":
+        return np.subtract(current, base)
+    return np.subtract(_as_int(current, width), _as_int(base, width)).view(np.uint8)
 
 
 def _pack(planes: list[np.ndarray], mask: str, level: int) -> list:
@@ -142,9 +125,7 @@ def _delta_planes(codec: str, raw: np.ndarray, base: np.ndarray | None, width: i
         raise ValueError(f"unknown codec {codec!r}")
     if base is None or base.size != raw.size:
         raise ValueError(f"{codec} needs a base chunk of {raw.size} bytes")
-    if codec == "delta-bsub":
-        return [np.subtract(a, b) for a, b in zip(group(raw, width), group(base, width), strict=True)]
-    return group(delta("xor" if codec == "delta-xor" else "sub", raw, base, width), width)
+    return group(delta(codec.removeprefix("delta-"), raw, base, width), width)
 
 
 def _unpack(payload, raw_size: int, width: int) -> list[np.ndarray]:
@@ -206,16 +187,22 @@ def decode(codec: str, payload, raw_size: int, width: int, out: np.ndarray, base
     if codec in DELTA_CODECS:
         if base is None or base.size != raw_size:
             raise ValueError(f"{codec} needs a base chunk of {raw_size} bytes")
-        if codec == "delta-bsub":
-            ungroup([np.add(d, b) for d, b in zip(decoded, group(base, width), strict=True)], width, out)
-            return
         ungroup(decoded, width, out)
-        d, b, o = _as_int(out, width), _as_int(base, width), _as_int(out, width)
-        (np.bitwise_xor if codec == "delta-xor" else np.add)(d, b, out=o)
+        undo(codec, out, base, width)
     elif grouped:
         ungroup(decoded, width, out)
     else:
         out[:] = decoded
+
+
+def undo(codec: str, decoded: np.ndarray, base: np.ndarray, width: int) -> None:
+    """Turn the ungrouped delta `decoded` back into the raw bytes, in place, given the base's."""
+    if codec == "delta-xor":
+        np.bitwise_xor(decoded, base, out=decoded)
+    elif codec == "delta-bsub":
+        np.add(decoded, base, out=decoded)
+    else:
+        np.add(_as_int(decoded, width), _as_int(base, width), out=_as_int(decoded, width))
 
 
 def _plane_sizes(planes: list[np.ndarray], level: int) -> list[tuple[int, int]]:

@@ -18,8 +18,10 @@ class CheckpointSettings(StrictModel):
     codec: Codec = Field("auto", description="auto | zstd | lz4 | bgzstd (byte-grouped zstd) | delta")
     zstd_level: int = Field(1, ge=-7, le=22, description="zstd level of every zstd-based codec")
     keyframe_every: int = Field(8, ge=1, description="every K-th checkpoint of a run is stored full")
-    delta_reference: Literal["skip", "previous"] = Field(
-        "skip", description="base of a delta: skip-list in the keyframe group (restore reads <= log2 K) or previous"
+    delta_reference: Literal["pairs", "skip", "previous"] = Field(
+        "pairs",
+        description="base of a delta in its keyframe group: pairs (a restore reads <= 2 bases), "
+        "skip (skip-list, <= log2 K bases) or previous (a chain)",
     )
     min_delta_gain: float = Field(
         0.02, ge=0, lt=1, description="a tensor's delta must save this fraction over full, else stored full"

@@ -13,8 +13,8 @@ Layout and manifest (format `seedance-checkpoint/1`), which GC and tiering rely 
   `chain`: every step a restore reads besides this one, nearest first (the keyframe last), and
   `depth` = len(chain). GC must keep every step in the `chain` of a kept checkpoint.
 - `group`: the steps of this checkpoint's keyframe group so far (keyframe first, this one last);
-  the next save picks its base from it (`base_position`: skip-list references, so `depth` stays
-  <= log2(K)). A missing group member only means the next save starts a new keyframe.
+  the next save picks its base from it (`base_position`: by default `pairs`, so `depth` stays
+  <= 2 whatever K). A missing group member only means the next save starts a new keyframe.
 - `metrics`, `tags`, `stats` (raw/stored bytes, ratio, seconds), `source`, `created_at`, `id`.
 
 A checkpoint is immutable once committed. A step directory without a manifest is an interrupted
@@ -203,11 +203,17 @@ def _cache_key(store: Location, run: str) -> tuple[str, str]:
 def base_position(position: int, reference: str) -> int:
     """The position (in its keyframe group) of the base of the checkpoint at `position` >= 1.
 
-    `previous`: the checkpoint just before (a chain as long as the group). `skip`: `position`
-    with its lowest set bit cleared (1->0, 2->0, 3->2, 4->0, 5->4, 6->4, 7->6), so a restore
-    reads at most log2(K) bases while most deltas are still against a near neighbour.
+    `pairs`: an odd position against the one just before, an even one against the keyframe
+    (1->0, 2->0, 3->2, 4->0, 5->4, 6->0, 7->6): a restore reads at most 2 bases whatever K, and
+    half the deltas are against a near neighbour. `skip`: `position` with its lowest set bit
+    cleared (... 6->4, 7->6): nearer bases, but up to log2(K) of them. `previous`: the one just
+    before (a chain as long as the group).
     """
-    return position - 1 if reference == "previous" else position & (position - 1)
+    if reference == "previous":
+        return position - 1
+    if reference == "skip":
+        return position & (position - 1)
+    return position - 1 if position % 2 else 0
 
 
 def _base_for(store: Location, run: str, step: int, keyframe_every: int, reference: str) -> tuple[dict | None, list]:
@@ -626,7 +632,7 @@ class _Chain:
                     base = flat
                 if base.size != size:
                     raise IntegrityError(f"{self._where(name, index, chunk)} does not match its base's shape")
-                np.add(codecs._as_int(plain, width), codecs._as_int(base, width), out=codecs._as_int(plain, width))
+                codecs.undo(codec, plain, base, width)
                 decoded, grouped = plain, False
         if check:
             flat = decoded

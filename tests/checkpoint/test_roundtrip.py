@@ -37,7 +37,7 @@ def test_every_lossless_codec_roundtrips_a_chain_bit_exact(tmp_path, gpt_states,
     if codec in ("delta", "auto"):
         assert [m["kind"] for m in manifests] == ["full", "delta", "delta", "delta"]
         assert used & {"delta-xor", "delta-sub"}
-        # skip-list bases inside the keyframe group: 10 -> 0, 20 -> 0, 30 -> 20
+        # paired bases inside the keyframe group: 10 -> 0, 20 -> 0, 30 -> 20
         assert [m["base"] and m["base"]["step"] for m in manifests] == [None, 0, 0, 20]
         assert manifests[-1]["chain"] == [20, 0] and manifests[-1]["depth"] == 2
         assert manifests[-1]["group"] == [0, 10, 20, 30]
@@ -65,6 +65,7 @@ def test_save_without_cache_deltas_against_the_store(tmp_path, gpt_states):
 
 
 @pytest.mark.parametrize(("reference", "bases", "max_depth"), [
+    ("pairs", [None, 0, 0, 4, 0, 8, 0, 12, None, 16], 2),
     ("skip", [None, 0, 0, 4, 0, 8, 8, 12, None, 16], 3),
     ("previous", [None, 0, 2, 4, 6, 8, 10, 12, None, 16], 7),
 ])
@@ -79,17 +80,20 @@ def test_keyframe_every_k_bounds_the_chain(tmp_path, reference, bases, max_depth
     ckstore._CACHE.clear()
     assert_same(states[7][1], checkpoint.load(store, "k", 14))
     # what retention GC must keep so that step 14 (position 7) stays restorable
-    expected = {"skip": {14, 12, 8, 0}, "previous": set(range(0, 16, 2))}[reference]
+    expected = {"pairs": {14, 12, 0}, "skip": {14, 12, 8, 0}, "previous": set(range(0, 16, 2))}[reference]
     assert ckstore.needed_steps(store, "k", [14]) == expected
 
 
 def test_base_positions_and_the_save_cache_hold_only_what_later_saves_need():
+    assert [ckstore.base_position(p, "pairs") for p in range(1, 8)] == [0, 0, 2, 0, 4, 0, 6]
     assert [ckstore.base_position(p, "skip") for p in range(1, 8)] == [0, 0, 2, 0, 4, 4, 6]
     assert [ckstore.base_position(p, "previous") for p in range(1, 8)] == [0, 1, 2, 3, 4, 5, 6]
     assert ckstore._still_needed([0, 1, 2], 8, "skip") == {0, 2}
     assert ckstore._still_needed([0, 1, 2, 3, 4], 8, "skip") == {4}
     assert ckstore._still_needed([0, 1, 2, 3, 4, 5, 6, 7], 8, "skip") == set()
     assert ckstore._still_needed([0, 1], 8, "previous") == {1}
+    assert ckstore._still_needed([0, 1, 2, 3, 4], 8, "pairs") == {0, 4}  # 5 -> 4, 6 -> 0
+    assert ckstore._still_needed([0, 1, 2, 3, 4, 5, 6], 8, "pairs") == {6}
 
 
 def test_a_delta_that_does_not_pay_is_stored_full(tmp_path):
