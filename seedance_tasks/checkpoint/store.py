@@ -336,11 +336,21 @@ def save_state(
             for offset in range(0, max(size, 1), item_chunk):
                 tasks.append((item, offset, min(offset + item_chunk, size)))
 
+        # a later save deltas against this one: snapshot it chunk by chunk while each is in cache
+        # (a training loop goes on changing its tensors in place)
+        snapshot = (
+            {item.name: np.empty_like(item.raw) for item in prepared}
+            if settings.cache_base and step in _still_needed(group, keyframe_every, reference)
+            else {}
+        )
+
         def encode(task: tuple[_Prepared, int, int]) -> tuple[bytes, str]:
             item, start, stop = task
             raw = item.raw[start:stop]
             base = item.base[start:stop] if item.base is not None else None
             payload = codecs.encode(item.codec, raw, item.width, level, base, item.mask or None)
+            if snapshot:
+                snapshot[item.name][start:stop] = raw
             return payload, hashlib.sha256(raw).hexdigest()
 
         files = _write_chunks(store, run, step, tasks, pool, encode, workers, settings.data_file_size, progress)
@@ -398,8 +408,9 @@ def save_state(
         needed = _still_needed(group, keyframe_every, reference)
         with _CACHE_LOCK:
             kept = {s: v for s, v in _CACHE.get(_cache_key(store, run), {}).items() if s in needed}
-            if step in needed:
-                kept[step] = {"id": manifest["id"], "raw": {item.name: item.raw.copy() for item in prepared}}
+            if step in needed:  # not snapshotted when the save was planned as a delta that did not pay
+                raw = snapshot or {item.name: item.raw.copy() for item in prepared}
+                kept[step] = {"id": manifest["id"], "raw": raw}
             _CACHE[_cache_key(store, run)] = kept
     return summary(manifest, store.uri, seconds=time.perf_counter() - started)
 
