@@ -153,6 +153,24 @@ def ceilings(states, folder: Path) -> dict:
     return {"sha256": sha, "write": write}
 
 
+def async_stall(states, store: Path) -> tuple[float, float, float]:
+    """Seconds a loop waits in save_async: (the first call: the host copy alone, the mean over
+    calls made back to back, which queue behind the running save), and until all are stored."""
+    from seedance_tasks import checkpoint
+    from seedance_tasks.checkpoint import store as ckstore
+
+    shutil.rmtree(store, ignore_errors=True)
+    ckstore._CACHE.clear()
+    waits = []
+    started = time.perf_counter()
+    for step, state in states:
+        start = time.perf_counter()
+        checkpoint.save_async(state, str(store), "bench", step)
+        waits.append(time.perf_counter() - start)
+    checkpoint.wait_for_saves()
+    return waits[0], sum(waits) / len(waits), time.perf_counter() - started
+
+
 def restore_times(store: Path, steps: list[int], reps: int) -> tuple[float, float, int]:
     """Best-of-`reps` restore seconds of the keyframe and of the deepest delta after it, measured
     in turns so that a slow spell of the machine hits both alike."""
@@ -201,6 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     limits = ceilings([s for _, s in states], WORK)
     results = [bench_seedance("seedance auto", states, WORK / "store-auto")]
     key_s, deep_s, depth = restore_times(WORK / "store-auto", [s for s, _ in states], 5)
+    copy_s, stall_s, drain_s = async_stall(states, WORK / "store-async")
     results.append(bench_seedance("seedance bgzstd (no delta)", states, WORK / "store-bg", codec="bgzstd"))
     if "zstd-3" not in args.skip:
         zc = zstandard.ZstdCompressor(level=3, threads=2)
@@ -236,6 +255,10 @@ def main(argv: list[str] | None = None) -> int:
           "incl. reading the store and sha256 of every chunk")
     print(f"restore of step at delta depth {depth}: {deep_s:.3f} s vs keyframe {key_s:.3f} s = "
           f"{deep_s / key_s:.2f}x (goal < 2x; best of 5, in turns)")
+    print(f"save_async: the loop waits {copy_s * 1000:.0f} ms for the host copy where save() takes "
+          f"{raw_each / auto['c_mbs'] / 1e3:.0f} ms; called {len(states)} times back to back it waits "
+          f"{stall_s * 1000:.0f} ms a call (queued behind the running save), all stored after {drain_s:.2f} s "
+          "(not counted as compress MB/s)")
     for name in ("zstd-3 (2 threads)", "lz4", "zipnn (2 threads)"):
         if name in peers:
             print(f"seedance auto / {name}: {auto['ratio'] / peers[name]['ratio']:.3f}x smaller "

@@ -5,6 +5,8 @@ The Python API for training code (light to import; torch and the codecs load on 
     from seedance_tasks import checkpoint
     checkpoint.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step},
                     "s3://bucket/ckpts", "run-42", step)
+    checkpoint.save_async(state, "s3://bucket/ckpts", "run-42", step)  # returns once state is copied
+    checkpoint.wait_for_saves()                                      # before exit, or to see errors
     state = checkpoint.load("s3://bucket/ckpts", "run-42")          # latest committed step
     checkpoint.latest_step("s3://bucket/ckpts", "run-42")           # -> int | None
 
@@ -15,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["save", "load", "latest_step", "load_tensor"]
+__all__ = ["save", "save_async", "wait_for_saves", "load", "latest_step", "load_tensor"]
 
 
 def _settings(**overrides: Any):
@@ -41,6 +43,26 @@ def save(state: Any, store: str, run: str, step: int, **options: Any) -> dict:
     per_call = {key: options.pop(key) for key in ("codec", "keyframe_every", "lossy", "metrics", "tags", "source")
                 if key in options}
     return save_state(state, str(store), run, step, settings=_settings(**options), **per_call)
+
+
+def save_async(state: Any, store: str, run: str, step: int, **options: Any):
+    """save() in the background: returns a Future (of save()'s summary) as soon as `state` is copied
+    to host memory, so the training loop goes on (and may change its tensors) while the copy is
+    compressed and stored. Saves run one at a time in call order; a call blocks while one copy
+    already waits behind the running save. A background save that failed is raised by the next
+    save_async() or wait_for_saves() call; queued saves finish before the interpreter exits.
+    Options as for save(); wait_for_saves() before a plain save() of the same run.
+    """
+    from seedance_tasks.checkpoint import background
+
+    return background.submit(state, lambda copy: save(copy, store, run, step, **options), f"{run}/step-{step}")
+
+
+def wait_for_saves() -> None:
+    """Wait for every save_async() to finish; raises the error of the first one that failed."""
+    from seedance_tasks.checkpoint import background
+
+    background.wait_all()
 
 
 def load(store: str, run: str, step: int | None = None) -> Any:

@@ -1,0 +1,77 @@
+"""Background saves: copy the state to host memory, hand back to the training loop, store it in a thread.
+
+One worker thread per process runs the saves one at a time, in call order, so each delta is taken
+against the save before it. At most `max_waiting` copies wait behind the running save: the next
+call blocks until one starts, which bounds the memory held. A save that failed is raised by the
+next `submit` or `wait_all` (and logged when it fails); at interpreter exit the queued saves still
+run to the end. A kill -9 loses only the saves not yet committed: the store stays consistent.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from typing import Any
+
+log = logging.getLogger(__name__)
+_lock = threading.Lock()
+_executor: ThreadPoolExecutor | None = None
+_queued: deque[Future] = deque()
+
+
+def snapshot(state: Any) -> Any:
+    """A copy of `state` in host memory (same tree) that later in-place changes to `state` do not reach."""
+    from seedance_tasks.checkpoint.tree import flatten, unflatten
+
+    skeleton, named = flatten(state)
+    return unflatten(skeleton, [tensor.detach().to("cpu", copy=True) for _name, tensor in named])
+
+
+def _raise_failed() -> None:
+    """Forget finished saves; raise the error of the first one that failed."""
+    failed = None
+    while _queued and _queued[0].done():
+        future = _queued.popleft()
+        if failed is None and future.exception() is not None:
+            failed = future.exception()
+    if failed is not None:
+        raise failed
+
+
+def _log_failure(label: str) -> Callable[[Future], None]:
+    def report(future: Future) -> None:
+        if future.exception() is not None:
+            log.error("background save of %s failed: %s", label, future.exception())
+
+    return report
+
+
+def submit(state: Any, save: Callable[[Any], dict], label: str, max_waiting: int = 1) -> Future:
+    """Copy `state`, then run `save(copy)` on the save thread; returns its Future (the summary).
+
+    Blocks while `max_waiting` saves already wait behind the running one. Raises the error of an
+    earlier background save that failed, before copying anything.
+    """
+    global _executor
+    with _lock:
+        _raise_failed()
+        while sum(not future.done() for future in _queued) > max_waiting:
+            wait([future for future in _queued if not future.done()], return_when=FIRST_COMPLETED)
+            _raise_failed()
+        copy = snapshot(state)
+        if _executor is None:
+            _executor = ThreadPoolExecutor(1, thread_name_prefix="seedance-save")
+        future = _executor.submit(save, copy)
+        future.add_done_callback(_log_failure(label))
+        _queued.append(future)
+        return future
+
+
+def wait_all() -> None:
+    """Wait until every background save has finished; raise the error of the first that failed."""
+    with _lock:
+        wait(list(_queued))
+        _raise_failed()

@@ -1,0 +1,87 @@
+"""save_async: the loop goes on at once, every step stores the state as it was at the call, errors surface."""
+
+from __future__ import annotations
+
+import copy
+import threading
+
+import pytest
+import torch
+
+from seedance_tasks import checkpoint
+from seedance_tasks.checkpoint import background
+from seedance_tasks.checkpoint import store as ckstore
+from seedance_tasks.errors import RefusedError, UsageError
+
+from .conftest import assert_same
+
+
+@pytest.fixture(autouse=True)
+def _clean():
+    ckstore._CACHE.clear()
+    yield
+    background._queued.clear()
+    ckstore._CACHE.clear()
+
+
+def test_training_loop_changes_its_tensors_right_after_save_async(tmp_path):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 64))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    store = str(tmp_path / "s")
+    expected, futures = {}, []
+    for step in range(1, 17):
+        loss = model(torch.randn(16, 64)).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()  # changes the parameters and Adam's moments in place, maybe while a save runs
+        if step % 2 == 0:
+            state = {"model": model.state_dict(), "opt": opt.state_dict(), "step": step}
+            expected[step] = copy.deepcopy(state)
+            futures.append(checkpoint.save_async(state, store, "loop", step, chunk_size="16KiB"))
+    checkpoint.wait_for_saves()
+    summaries = [future.result() for future in futures]
+    assert [s["step"] for s in summaries] == sorted(expected)  # stored in call order
+    assert {s["kind"] for s in summaries} == {"full", "delta"}
+    ckstore._CACHE.clear()
+    for step, state in expected.items():
+        assert_same(state, checkpoint.load(store, "loop", step), f"step {step}")
+
+
+def test_a_failed_background_save_is_raised_by_the_next_call(tmp_path, caplog):
+    store = str(tmp_path / "s")
+    checkpoint.save({"w": torch.ones(8)}, store, "r", 1)
+    failed = checkpoint.save_async({"w": torch.zeros(8)}, store, "r", 1)  # step 1 is committed
+    with pytest.raises(RefusedError, match="already stored"):
+        failed.result()
+    with pytest.raises(RefusedError, match="already stored"):
+        checkpoint.save_async({"w": torch.zeros(8)}, store, "r", 2)
+    assert checkpoint.latest_step(store, "r") == 1  # the call that raised stored nothing
+    checkpoint.save_async({"w": torch.zeros(8)}, store, "r", 2)
+    checkpoint.wait_for_saves()  # the error was raised once: nothing left to raise
+    assert "background save of r/step-1 failed" in caplog.text  # logged by the save thread
+    assert_same({"w": torch.zeros(8)}, checkpoint.load(store, "r", 2))
+    with pytest.raises(UsageError, match="cannot store"):  # bad input is refused at the call
+        checkpoint.save_async({"w": object()}, store, "r", 3)
+
+
+def test_one_copy_at_most_waits_behind_the_running_save():
+    release = threading.Event()
+    started = []
+
+    def slow_save(copy_of_state):
+        started.append(copy_of_state["i"])
+        release.wait(timeout=60)
+        return {"i": copy_of_state["i"]}
+
+    first = background.submit({"i": 1, "w": torch.ones(4)}, slow_save, "first")
+    second = background.submit({"i": 2, "w": torch.ones(4)}, slow_save, "second")  # waits in the queue
+    third_returned = threading.Event()
+    caller = threading.Thread(target=lambda: (background.submit({"i": 3}, slow_save, "third"), third_returned.set()))
+    caller.start()
+    assert not third_returned.wait(timeout=1.0)  # blocked: one copy already waits behind the running save
+    release.set()
+    assert third_returned.wait(timeout=60)
+    caller.join()
+    background.wait_all()
+    assert started == [1, 2, 3] and first.result() == {"i": 1} and second.result() == {"i": 2}
