@@ -66,7 +66,7 @@ def group(raw: np.ndarray, width: int) -> np.ndarray:
     return planes
 
 
-def ungroup(planes, width: int, out: np.ndarray) -> None:
+def ungroup(planes: np.ndarray | list[np.ndarray], width: int, out: np.ndarray) -> None:
     """Write the elements whose byte planes are `planes` into `out` (uint8, width * plane length)."""
     if width == 1 or out.size == 0:
         out[:] = planes[0]
@@ -180,10 +180,7 @@ def decode_planes(codec: str, payload, raw_size: int, width: int) -> tuple[list[
 
 def decode(codec: str, payload, raw_size: int, width: int, out: np.ndarray, base: np.ndarray | None = None) -> None:
     """Decode one chunk into `out` (uint8, `raw_size` bytes); a delta needs `base` (raw bytes)."""
-    try:
-        decoded, grouped = decode_planes(codec, payload, raw_size, width)
-    except zstandard.ZstdError as exc:
-        raise ValueError(f"compressed data is damaged ({exc})") from None
+    decoded, grouped = decode_planes(codec, payload, raw_size, width)
     if codec in DELTA_CODECS:
         if base is None or base.size != raw_size:
             raise ValueError(f"{codec} needs a base chunk of {raw_size} bytes")

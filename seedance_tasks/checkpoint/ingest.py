@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from seedance_tasks import storage
-from seedance_tasks.errors import InputError, RefusedError, UsageError
+from seedance_tasks.errors import InputError, RefusedError
 
 SUFFIXES = (".pt", ".pth", ".safetensors")
 _STEP = re.compile(r"(\d+)(?!.*\d)")
@@ -157,9 +157,3 @@ def report(results: list[dict]) -> dict:
             for r in results if r.get("status") in ("quarantined", "conflict")
         ],
     }
-
-
-def check_store(store_uri: str | None) -> str:
-    if not store_uri:
-        raise UsageError("no checkpoint store given", hint="pass store=… or set checkpoint.store in config")
-    return store_uri

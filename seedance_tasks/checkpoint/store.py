@@ -156,6 +156,7 @@ class _Prepared:
     width: int
     lossy: str | None = None
     original_bytes: int = 0
+    chunk_bytes: int = 0  # raw bytes per chunk, a multiple of the element width
     codec: str = ""
     mask: str = ""
     base: np.ndarray | None = None
@@ -287,19 +288,20 @@ def save_state(
         )
     skeleton, named = flatten(state)
     prepared = [_prepare(name, tensor, lossy, settings.lossy_min_elements) for name, tensor in named]
+    chunk_size = max(settings.chunk_size, 1)
+    for item in prepared:
+        item.chunk_bytes = max(chunk_size // item.width, 1) * item.width
 
     base_manifest, group = None, [step]
     reference = settings.delta_reference
     if codec in ("auto", "delta"):
         base_manifest, group = _base_for(store, run, step, keyframe_every, reference)
     base_raw = _base_bytes(store, run, base_manifest, settings) if base_manifest else {}
-    chunk_bytes = max(settings.chunk_size, 1)
 
     level = settings.zstd_level
     base_tensors = {t["name"]: t for t in base_manifest["tensors"]} if base_manifest else {}
 
     def decide(item: _Prepared) -> None:
-        item_chunk = max(chunk_bytes // item.width, 1) * item.width
         entry = base_tensors.get(item.name)
         candidate = base_raw.get(item.name)
         if (
@@ -307,7 +309,7 @@ def save_state(
             and candidate is not None
             and entry["stored_dtype"] == item.stored_dtype
             and entry["shape"] == item.shape
-            and entry["chunk_bytes"] == item_chunk
+            and entry["chunk_bytes"] == item.chunk_bytes
         ):
             item.base = candidate
         floats = item.stored_dtype.startswith(("float", "bfloat", "complex"))
@@ -332,9 +334,8 @@ def save_state(
         list(pool.map(decide, prepared))
         for item in prepared:
             size = item.raw.size
-            item_chunk = max(chunk_bytes // item.width, 1) * item.width
-            for offset in range(0, max(size, 1), item_chunk):
-                tasks.append((item, offset, min(offset + item_chunk, size)))
+            for offset in range(0, max(size, 1), item.chunk_bytes):
+                tasks.append((item, offset, min(offset + item.chunk_bytes, size)))
 
         # a later save deltas against this one: snapshot it chunk by chunk while each is in cache
         # (a training loop goes on changing its tensors in place)
@@ -387,7 +388,7 @@ def save_state(
                 "codec": item.codec,
                 "planes": item.mask or None,
                 "base": item.base_step,
-                "chunk_bytes": max(chunk_bytes // item.width, 1) * item.width,
+                "chunk_bytes": item.chunk_bytes,
                 "chunks": item.chunks,
             }
             for item in prepared
