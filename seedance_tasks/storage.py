@@ -286,9 +286,10 @@ def quarantine(root: Location, relative_path: str, run_id: str, reason: str) -> 
 
     Returns the quarantine path. Nothing is deleted.
     """
+    source = root.join(relative_path)
     target = root.join(QUARANTINE_DIR, run_id, relative_path)
-    if is_file(root.fs, root.join(relative_path)):
-        move(root.fs, root.join(relative_path), target)
+    if is_file(root.fs, source):
+        move(root.fs, source, target)
     write_json_atomic(
         root.fs,
         target + ".reason.json",

@@ -31,8 +31,9 @@ def root_status(uri: str) -> dict:
             quarantined.append({"file": reason.get("file"), "reason": reason.get("reason"),
                                 "run_id": reason.get("run_id"), "at": reason.get("at")})
     trash: dict[str, dict] = {}
-    for info in storage.list_files(root.child(storage.TRASH_DIR), include_hidden=True):
-        run_id = root.child(storage.TRASH_DIR).relative(info.path).split("/", 1)[0]
+    trash_root = root.child(storage.TRASH_DIR)
+    for info in storage.list_files(trash_root, include_hidden=True):
+        run_id = trash_root.relative(info.path).split("/", 1)[0]
         entry = trash.setdefault(run_id, {"run_id": run_id, "files": 0, "bytes": 0})
         entry["files"] += 1
         entry["bytes"] += info.size or 0
@@ -52,22 +53,23 @@ def render_page(statuses: list[dict]) -> str:
                      "<code>config/seedance.yaml</code>.</p>")
     for status in statuses:
         parts.append(f"<h2>{html.escape(status['uri'])}</h2><h3>Quarantine</h3>")
-        if status["quarantined"]:
-            parts.append("<table><tr><th>file</th><th>reason</th><th>run</th></tr>")
-            parts += [f"<tr><td>{html.escape(str(q['file']))}</td><td>{html.escape(str(q['reason']))}</td>"
-                      f"<td>{html.escape(str(q['run_id']))}</td></tr>" for q in status["quarantined"]]
-            parts.append("</table>")
-        else:
-            parts.append("<p>Nothing quarantined.</p>")
+        parts.append(_table(["file", "reason", "run"],
+                            [[q["file"], q["reason"], q["run_id"]] for q in status["quarantined"]],
+                            "<p>Nothing quarantined.</p>"))
         parts.append("<h3>Trash (awaiting <code>seedance trash purge</code>)</h3>")
-        if status["trash"]:
-            parts.append("<table><tr><th>run</th><th>files</th><th>bytes</th></tr>")
-            parts += [f"<tr><td>{html.escape(t['run_id'])}</td><td>{t['files']}</td>"
-                      f"<td>{format_size(t['bytes'])}</td></tr>" for t in status["trash"]]
-            parts.append("</table>")
-        else:
-            parts.append("<p>Empty.</p>")
+        parts.append(_table(["run", "files", "bytes"],
+                            [[t["run_id"], t["files"], format_size(t["bytes"])] for t in status["trash"]],
+                            "<p>Empty.</p>"))
     return "".join(parts)
+
+
+def _table(headers: list[str], rows: list[list], empty: str) -> str:
+    """An HTML table of `rows` (every cell escaped), or `empty` when there are none."""
+    if not rows:
+        return empty
+    head = "".join(f"<th>{name}</th>" for name in headers)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(cell))}</td>" for cell in row) + "</tr>" for row in rows)
+    return f"<table><tr>{head}</tr>{body}</table>"
 
 
 def create_app():

@@ -39,15 +39,16 @@ def plan_task(params: dict) -> dict:
     if params.get("dry_run"):
         return {"dry_run_report": summarize(plan, [], settings, recovered=recovered, dry_run=True), "groups": []}
     plan_uri = save_plan(plan) if plan.partitions else None
-    groups = group_partitions(plan, MAX_GROUPS)
+    settings_json = settings.model_dump(mode="json")
     return {
         "run_id": plan.run_id,
         "uri": plan.uri,
         "plan_uri": plan_uri,
         "dry_run": False,
-        "settings": settings.model_dump(mode="json"),
+        "settings": settings_json,
         "recovered": recovered,
-        "groups": [{"plan_uri": plan_uri, "indices": group, "settings": settings.model_dump(mode="json")} for group in groups],
+        "groups": [{"plan_uri": plan_uri, "indices": group, "settings": settings_json}
+                   for group in group_partitions(plan, MAX_GROUPS)],
     }
 
 

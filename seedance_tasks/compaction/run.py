@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 from decimal import Decimal
 
 from seedance_tasks import journal, storage
-from seedance_tasks.compaction.plan import CompactionPlan, PartitionPlan, plan_compaction
+from seedance_tasks.compaction.plan import CompactionPlan, plan_compaction
 from seedance_tasks.compaction.settings import CompactionSettings
 from seedance_tasks.compaction.writer import JOURNAL_KIND, compact_partition
 
@@ -70,10 +70,6 @@ def group_partitions(plan: CompactionPlan, max_groups: int) -> list[list[int]]:
     return [sorted(group) for group in groups]
 
 
-def _compact_one(uri: str, partition: PartitionPlan, run_id: str, index: int, settings: CompactionSettings) -> dict:
-    return asdict(compact_partition(storage.resolve(uri), partition, run_id, index, settings))
-
-
 def compact_group(plan: CompactionPlan, indices: list[int], settings: CompactionSettings,
                   *, workers: int | None = None, on_done: Callable[[dict], None] | None = None) -> list[dict]:
     """Compact the partitions `indices` of `plan`, up to `workers` at once; results in order.
@@ -84,15 +80,19 @@ def compact_group(plan: CompactionPlan, indices: list[int], settings: Compaction
     workers = workers or settings.workers or os.cpu_count() or 1
     workers = max(1, min(workers, len(indices)))
     results: dict[int, dict] = {}
+
+    def compact_one(index: int) -> dict:
+        return asdict(compact_partition(storage.resolve(plan.uri), plan.partitions[index], plan.run_id, index, settings))
+
     if workers == 1:
         for index in indices:
-            results[index] = _compact_one(plan.uri, plan.partitions[index], plan.run_id, index, settings)
+            results[index] = compact_one(index)
             if on_done:
                 on_done(results[index])
     else:
         with ThreadPoolExecutor(workers, thread_name_prefix="compaction") as pool:
             futures = {
-                pool.submit(_compact_one, plan.uri, plan.partitions[index], plan.run_id, index, settings): index
+                pool.submit(compact_one, index): index
                 for index in sorted(indices, key=lambda i: plan.partitions[i].bytes, reverse=True)
             }
             for future in as_completed(futures):
@@ -153,8 +153,7 @@ def summarize(plan: CompactionPlan, results: list[dict], settings: CompactionSet
             "basis": f"{settings.s3_requests_per_file_per_month} GET/LIST per file per month at "
                      f"${settings.s3_get_price_per_1000} per 1,000",
         },
-        "trash": storage.resolve(plan.uri).uri_of(storage.resolve(plan.uri).join(storage.TRASH_DIR, plan.run_id))
-        if compacted else None,
+        "trash": storage.resolve(plan.uri).child(storage.TRASH_DIR, plan.run_id).uri if compacted else None,
     }
     if seconds is not None:
         report["seconds"] = round(seconds, 3)

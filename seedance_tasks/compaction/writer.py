@@ -207,12 +207,14 @@ def _verify(root: Location, outputs: list[dict], rows: int, schema: pa.Schema) -
     seen_rows, seen_bytes = 0, 0
     for output in outputs:
         path = root.join(output["staged"])
-        metadata = pq.read_metadata(root.fs.open_input_file(path))
+        with root.fs.open_input_file(path) as handle:
+            metadata = pq.read_metadata(handle)
+            size = handle.size()
         written_schema = metadata.schema.to_arrow_schema().remove_metadata()
         if not written_schema.equals(schema, check_metadata=False):
             raise IntegrityError(f"{root.uri_of(path)} was written with schema {written_schema}, expected {schema}")
         seen_rows += metadata.num_rows
-        seen_bytes += root.fs.get_file_info(path).size or 0
+        seen_bytes += size
     if seen_rows != rows:
         raise IntegrityError(f"compacted files hold {seen_rows} rows, their sources {rows}; nothing was published")
     return seen_rows, seen_bytes
