@@ -227,9 +227,9 @@ class Pipeline:
                     continue
                 others = {name: data for name, data in sample.members.items() if name != ext}
                 batch.append((number, sample.key, sample.members[ext], others))
-                if len(batch) >= self.batch_size and not self._submit(batch):
-                    return
                 if len(batch) >= self.batch_size:
+                    if not self._submit(batch):
+                        return
                     batch = []
             if batch:
                 self._submit(batch)

@@ -103,8 +103,12 @@ def run(
     if out.path in {posixpath.dirname(shard.location.path) for shard, _name in pairs}:
         raise UsageError("--out must differ from the shards' directory", hint="write outputs to a new directory")
     recovered = journal.recover(out, JOURNAL_KIND) if recover else []
-    todo = [(shard, name) for shard, name in pairs if not _is_done(out, name, shard, settings.size)]
-    skipped = [name for shard, name in pairs if (shard, name) not in todo]
+    todo, skipped = [], []
+    for shard, name in pairs:
+        if _is_done(out, name, shard, settings.size):
+            skipped.append(name)
+        else:
+            todo.append((shard, name))
     prescan([shard for shard, _name in todo])
 
     summary: dict[str, Any] = {

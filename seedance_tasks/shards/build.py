@@ -85,13 +85,13 @@ def build(
     run_id = storage.new_run_id()
     publishes: list[dict[str, str]] = []
     entries: list[dict[str, Any]] = []
-    state: dict[str, Any] = {"writer": None, "stream": None}
+    state: dict[str, Any] = {"writer": None, "stream": None, "journal": None}
 
     def open_shard() -> None:
         name = f"{settings.prefix}-{len(entries):06d}.tar"
         staged = f".{name}.{run_id}"
         publishes.append({"staged": staged, "final": name})
-        journal.Journal.begin(out_loc, run_id, JOURNAL_KIND, publishes, [], {"source": src})
+        state["journal"] = journal.Journal.begin(out_loc, run_id, JOURNAL_KIND, publishes, [], {"source": src})
         stream = open_sink(out_loc.fs, out_loc.join(staged), WRITE_BUFFER)
         state["stream"], state["writer"] = stream, TarShardWriter(stream, mtime=settings.mtime)
         entries.append({"url": name, "nsamples": 0, "filesize": 0, "sha256": None})
@@ -117,7 +117,6 @@ def build(
                 raise IntegrityError(f"shard {name}: wrote {expected} bytes, found {size}")
 
     input_bytes = 0
-    journal_open = False
     try:
         for key, members in iter_source_samples(source, shuffle=shuffle, seed=seed, read_workers=read_workers):
             needed = sample_bytes(key, members)
@@ -130,7 +129,6 @@ def build(
                 writer = None
             if writer is None:
                 open_shard()
-                journal_open = True
             state["writer"].add_sample(key, members)
             payload = sum(len(data) for data in members.values())
             input_bytes += payload
@@ -143,11 +141,11 @@ def build(
         closer.shutdown(wait=True)
         if state["stream"] is not None and not state["stream"].closed:
             state["stream"].close()
-        if journal_open:
+        if state["journal"] is not None:
             journal.recover(out_loc, JOURNAL_KIND)  # staged shards to the trash; nothing visible
         raise
-    if journal_open:
-        journal.Journal(out_loc, run_id, JOURNAL_KIND, publishes, [], journal.WRITING, {"source": src}).commit()
+    if state["journal"] is not None:  # the last begin lists every shard
+        state["journal"].commit()
 
     elapsed = time.perf_counter() - started
     rejected = [item.to_dict() for item in source.rejected]

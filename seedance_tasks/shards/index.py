@@ -46,11 +46,6 @@ class ShardSet:
     shards: list[ShardRef]
     index_uri: str | None = None
 
-    @property
-    def total_samples(self) -> int | None:
-        counts = [shard.nsamples for shard in self.shards]
-        return None if any(count is None for count in counts) else sum(counts)
-
 
 def _expand(uri: str) -> list[str]:
     import braceexpand

@@ -54,10 +54,6 @@ class Source:
     rejected: list[Rejected] = field(default_factory=list)
     units: list[Any] = field(default_factory=list)  # files: (key, {ext: path}) per complete sample
 
-    @property
-    def total_bytes(self) -> int:
-        return sum(item.size or 0 for item in self.files)
-
     def fingerprint_items(self) -> list:
         return [[self.location.relative(item.path), item.size, item.mtime_ns] for item in self.files]
 
@@ -86,9 +82,8 @@ def open_source(uri: str, *, required: list[str] | None = None, key_column: str 
 def _files_source(uri: str, location: Location, files: list, required: list[str] | None) -> Source:
     source = Source(uri, "files", location, files, [])
     groups: dict[str, dict[str, str]] = {}
-    prefix = location.path.rstrip("/") + "/"
     for item in files:
-        relative = item.path[len(prefix):] if item.path.startswith(prefix) else location.relative(item.path)
+        relative = location.relative(item.path)
         key, ext = split_key(relative)
         if key is None or not ext:
             source.rejected.append(Rejected(None, relative, "file name has no extension, so no sample key"))
@@ -156,12 +151,12 @@ def _parquet_samples(source: Source, shuffle: bool, seed: int) -> Iterator[tuple
         except (OSError, pa.ArrowException) as exc:
             source.rejected.append(Rejected(None, relative, f"unreadable Parquet file: {exc}"))
             continue
-        units.extend((item.path, relative, group, metadata.num_rows) for group in range(metadata.num_row_groups))
+        units.extend((item.path, relative, group, metadata) for group in range(metadata.num_row_groups))
     if shuffle:
         rng.shuffle(units)
-    for path, relative, group, _rows in units:
-        try:
-            table = pq.ParquetFile(source.location.fs.open_input_file(path)).read_row_group(group)
+    for path, relative, group, metadata in units:
+        try:  # the footer read above is reused: each row group costs only its own column chunks
+            table = pq.ParquetFile(source.location.fs.open_input_file(path), metadata=metadata).read_row_group(group)
         except (OSError, pa.ArrowException) as exc:
             source.rejected.append(Rejected(None, f"{relative}#rowgroup{group}", f"unreadable row group: {exc}"))
             continue

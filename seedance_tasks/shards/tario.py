@@ -66,6 +66,15 @@ def member_problem(info: tarfile.TarInfo) -> str | None:
     return check_member_name(info.name)
 
 
+def _refuse_if_hostile(info: tarfile.TarInfo, shard: str) -> None:
+    problem = member_problem(info)
+    if problem:
+        raise RefusedError(
+            f"{shard}: member {info.name!r} refused: {problem}",
+            hint="this tar is not a plain WebDataset shard; it is never extracted",
+        )
+
+
 def _normalise(name: str) -> str:
     while name.startswith("./"):
         name = name[2:]
@@ -85,12 +94,7 @@ def iter_members(stream: BinaryIO, shard: str) -> Iterator[tuple[str, bytes]]:
     with archive:
         try:
             for info in archive:
-                problem = member_problem(info)
-                if problem:
-                    raise RefusedError(
-                        f"{shard}: member {info.name!r} refused: {problem}",
-                        hint="this tar is not a plain WebDataset shard; it is never extracted",
-                    )
+                _refuse_if_hostile(info, shard)
                 if info.isdir():
                     continue
                 handle = archive.extractfile(info)
@@ -113,12 +117,7 @@ def scan_headers(path: str, shard: str) -> int:
     try:
         with tarfile.open(path, mode="r:") as archive:
             for info in archive:
-                problem = member_problem(info)
-                if problem:
-                    raise RefusedError(
-                        f"{shard}: member {info.name!r} refused: {problem}",
-                        hint="this tar is not a plain WebDataset shard; it is never extracted",
-                    )
+                _refuse_if_hostile(info, shard)
                 count += 1
     except (tarfile.TarError, EOFError) as exc:
         raise InputError(f"{shard}: truncated or corrupt tar ({exc})", hint="rebuild or re-fetch this shard") from None

@@ -41,14 +41,10 @@ _COMM_RE = re.compile(
 _INIT_DONE_RE = re.compile(r"NCCL INFO comm 0x[0-9a-f]+ rank \d+ nranks \d+ .*Init COMPLETE")
 _WARN_RE = re.compile(r"NCCL WARN (.*)$")
 _NCCL_RE = re.compile(r"NCCL (INFO|WARN)")
-_PERF_ROW_RE = re.compile(
+_PERF_ROW_RE = re.compile(  # out-of-place columns, then in-place ones where the table has them
     r"^\s*(?P<size>\d+)\s+(?P<count>\d+)\s+(?P<type>\w+)\s+(?P<redop>\w+)\s+(?P<root>-?\d+)\s+"
-    r"(?P<t1>[\d.]+)\s+(?P<a1>[\d.]+)\s+(?P<b1>[\d.]+)\s+(?P<w1>\S+)\s+"
-    r"(?P<t2>[\d.]+)\s+(?P<a2>[\d.]+)\s+(?P<b2>[\d.]+)\s+(?P<w2>\S+)\s*$"
-)
-_PERF_ROW_SHORT_RE = re.compile(
-    r"^\s*(?P<size>\d+)\s+(?P<count>\d+)\s+(?P<type>\w+)\s+(?P<redop>\w+)\s+(?P<root>-?\d+)\s+"
-    r"(?P<t1>[\d.]+)\s+(?P<a1>[\d.]+)\s+(?P<b1>[\d.]+)\s+(?P<w1>\S+)\s*$"
+    r"(?P<t1>[\d.]+)\s+(?P<a1>[\d.]+)\s+(?P<b1>[\d.]+)\s+(?P<w1>\S+)"
+    r"(?:\s+(?P<t2>[\d.]+)\s+(?P<a2>[\d.]+)\s+(?P<b2>[\d.]+)\s+(?P<w2>\S+))?\s*$"
 )
 _PERF_RANK_RE = re.compile(r"^#\s+Rank\s+(\d+)\s+Group")
 _AVG_BUSBW_RE = re.compile(r"#\s*Avg bus bandwidth\s*:\s*([\d.]+)")
@@ -81,7 +77,8 @@ def parse_nccl_log(text: str) -> dict[str, Any]:
     init_complete = 0
     forced: dict[str, str] = {}
     nccl_lines = 0
-    for line in text.splitlines():
+    lines = text.splitlines()
+    for line in lines:
         if _NCCL_RE.search(line):
             nccl_lines += 1
         if match := _TIMEOUT_RE.search(line):
@@ -128,7 +125,7 @@ def parse_nccl_log(text: str) -> dict[str, Any]:
             warnings.append(match.group(1).strip())
         for name, value in _FORCED_RE.findall(line):
             forced[name] = value
-    failures = parse_failures(text.splitlines())
+    failures = parse_failures(lines)
     if ring_channels and "coll" not in channels:
         channels["coll"] = ring_channels
     return {
@@ -161,7 +158,7 @@ def parse_nccl_tests(text: str) -> dict[str, Any]:
         if match := _AVG_BUSBW_RE.search(line):
             average = float(match.group(1))
             continue
-        match = _PERF_ROW_RE.match(line) or _PERF_ROW_SHORT_RE.match(line)
+        match = _PERF_ROW_RE.match(line)
         if not match:
             continue
         groups = match.groupdict()
@@ -292,9 +289,10 @@ def _verdict(log: dict[str, Any], perf: dict[str, Any], expected_busbw: float | 
 def report(text: str, *, expected_busbw: float | None = None) -> dict[str, Any]:
     """The health report of one log: `timeouts`, `channels`, `transports`, `algorithms`, `bandwidth`
     (nccl-tests rows, when present) and a `verdict` {status, cause, fix, findings}."""
-    launches = [i for i, line in enumerate(text.splitlines()) if _LAUNCH_RE.match(line)]
+    lines = text.splitlines()
+    launches = [i for i, line in enumerate(lines) if _LAUNCH_RE.match(line)]
     if len(launches) > 1:  # a relaunch appends to the run's log: judge its last launch
-        text = "\n".join(text.splitlines()[launches[-1]:])
+        text = "\n".join(lines[launches[-1]:])
     log = parse_nccl_log(text)
     perf = parse_nccl_tests(text)
     return {
