@@ -28,21 +28,11 @@ def recover(
     """Attribute a month's bill to owners; write allocations, statements, summary.json and a report."""
     from seedance_tasks.cost import recover as recovery
 
-    job = recovery.prepare(month=month, billing=billing, out=out, owners=owners, format=fmt, basis=basis,
-                           apply=apply, backfill=backfill, utilization=utilization, currency=currency,
-                           refresh=refresh)
-    result = {"month": month, "backfill": job["backfill"], "apply": apply}
-    stages = [("ingest", recovery.ingest_stage), ("allocate", recovery.allocate_stage),
-              ("rules", recovery.rules_stage), ("statements", recovery.statements_stage),
-              ("report", recovery.report_stage)]
-    with progress(f"cost recovery {month}", len(stages), enabled=not as_json) as advance:
-        for name, stage in stages:
-            result[name] = stage(job)
-            advance(1)
-    from seedance_tasks import storage
-
-    root = storage.resolve(out)
-    result["summary"] = storage.read_json(root.fs, root.join(f"month={month}", "summary.json"))
+    with progress(f"cost recovery {month}", len(recovery.STAGES), enabled=not as_json) as advance:
+        result = recovery.recover_month(
+            month=month, billing=billing, out=out, owners=owners, format=fmt, basis=basis, apply=apply,
+            backfill=backfill, utilization=utilization, currency=currency, refresh=refresh, advance=advance,
+        )
 
     def render(res: dict) -> None:
         from decimal import Decimal

@@ -264,6 +264,11 @@ def _csv_batches(fs, path: str, batch_rows: int, columns: list[str]) -> Iterator
             include_columns=wanted,
         ),
     )
+
+    def joined(pending: list[pa.RecordBatch]) -> dict[str, pa.Array]:
+        table = pa.Table.from_batches(pending).combine_chunks()
+        return {name: table.column(name).chunk(0) if table.num_rows else pa.array([], pa.string()) for name in wanted}
+
     try:
         pending: list[pa.RecordBatch] = []
         size = 0
@@ -271,12 +276,10 @@ def _csv_batches(fs, path: str, batch_rows: int, columns: list[str]) -> Iterator
             pending.append(batch)
             size += batch.num_rows
             if size >= batch_rows:
-                table = pa.Table.from_batches(pending).combine_chunks()
-                yield {name: table.column(name).chunk(0) if table.num_rows else pa.array([], pa.string()) for name in wanted}
+                yield joined(pending)
                 pending, size = [], 0
         if pending:
-            table = pa.Table.from_batches(pending).combine_chunks()
-            yield {name: table.column(name).chunk(0) if table.num_rows else pa.array([], pa.string()) for name in wanted}
+            yield joined(pending)
     finally:
         stream.close()
 

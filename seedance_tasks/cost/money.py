@@ -32,8 +32,7 @@ def fmt(value: Decimal) -> str:
     """A canonical decimal string: no exponent, no trailing zeros past the point (`12.5`, `0`, `-3`)."""
     if value == 0:
         return "0"
-    text = format(value.normalize(), "f")
-    return text
+    return format(value.normalize(), "f")
 
 
 def largest_remainder(total: Decimal, weights: Sequence[Fraction | Decimal | int], quantum: Decimal) -> list[Decimal]:

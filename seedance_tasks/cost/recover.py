@@ -13,9 +13,11 @@ from __future__ import annotations
 import hashlib
 import posixpath
 import re
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
+from functools import cached_property
 from typing import Any
 
 import pyarrow as pa
@@ -58,7 +60,7 @@ class Job:
     run_key: str = ""
     state: str = ""
 
-    @property
+    @cached_property
     def root(self) -> storage.Location:
         return storage.resolve(self.out)
 
@@ -201,25 +203,27 @@ def allocate_stage(data: dict[str, Any]) -> dict[str, Any]:
             "unallocated": {cur: fmt(entry["unallocated"]) for cur, entry in currencies.items()}}
 
 
+def _allocation_batches(job: Job, columns: list[str]) -> Iterator[pa.RecordBatch]:
+    """The staged allocations.parquet of `job`, batch by batch, only `columns`."""
+    with job.root.fs.open_input_file(job.work_path("allocations.parquet")) as handle:
+        yield from pq.ParquetFile(handle).iter_batches(columns=columns)
+
+
 def _resource_costs(job: Job, resource_ids: list[str]) -> dict[str, dict[str, Any]]:
     """Per resource among `resource_ids`: this month's cost per currency and its main owner."""
     if not resource_ids:
         return {}
     wanted = pa.array(resource_ids, pa.string())
     sums: dict[tuple[str, str | None, str], Decimal] = {}
-    handle = job.root.fs.open_input_file(job.work_path("allocations.parquet"))
-    try:
-        for batch in pq.ParquetFile(handle).iter_batches(columns=["ResourceId", "x_Owner", "BillingCurrency", "x_Cost"]):
-            hit = batch.filter(pc.fill_null(pc.is_in(batch.column("ResourceId"), value_set=wanted), False))
-            if not len(hit):
-                continue
-            grouped = pa.Table.from_batches([hit]).group_by(["ResourceId", "x_Owner", "BillingCurrency"],
-                                                           use_threads=False).aggregate([("x_Cost", "sum")])
-            for row in grouped.to_pylist():
-                key = (row["ResourceId"], row["x_Owner"], row["BillingCurrency"])
-                sums[key] = sums.get(key, Decimal(0)) + row["x_Cost_sum"]
-    finally:
-        handle.close()
+    for batch in _allocation_batches(job, ["ResourceId", "x_Owner", "BillingCurrency", "x_Cost"]):
+        hit = batch.filter(pc.fill_null(pc.is_in(batch.column("ResourceId"), value_set=wanted), False))
+        if not len(hit):
+            continue
+        grouped = pa.Table.from_batches([hit]).group_by(["ResourceId", "x_Owner", "BillingCurrency"],
+                                                       use_threads=False).aggregate([("x_Cost", "sum")])
+        for row in grouped.to_pylist():
+            key = (row["ResourceId"], row["x_Owner"], row["BillingCurrency"])
+            sums[key] = sums.get(key, Decimal(0)) + row["x_Cost_sum"]
     result: dict[str, dict[str, Any]] = {}
     for (resource, owner, currency), amount in sorted(sums.items(), key=lambda i: (i[0][0], i[0][1] or "", i[0][2])):
         entry = result.setdefault(resource, {"cost": {}, "owners": {}})
@@ -231,13 +235,9 @@ def _resource_costs(job: Job, resource_ids: list[str]) -> dict[str, dict[str, An
 def _month_resources(job: Job) -> list[str]:
     """The distinct ResourceIds of the month's lines that look like EC2 instances."""
     found: set[str] = set()
-    handle = job.root.fs.open_input_file(job.work_path("allocations.parquet"))
-    try:
-        for batch in pq.ParquetFile(handle).iter_batches(columns=["ResourceId"]):
-            ids = pc.unique(batch.column("ResourceId").drop_null())
-            found.update(value for value in ids.to_pylist() if "i-" in value)
-    finally:
-        handle.close()
+    for batch in _allocation_batches(job, ["ResourceId"]):
+        ids = pc.unique(batch.column("ResourceId").drop_null())
+        found.update(value for value in ids.to_pylist() if "i-" in value)
     return sorted(found)
 
 
@@ -250,12 +250,11 @@ def rules_stage(data: dict[str, Any], *, tagger=None) -> dict[str, Any]:
     owners = load_owners(job.owners)
     totals = Totals.from_json(storage.read_json(job.root.fs, job.work_path("totals.json")))
     idle, active = [], []
-    if job.utilization == "cloudwatch":
-        resources = _month_resources(job)
-        points, attributes = rules.cloudwatch_utilization(resources, end.date(), settings.idle_days)
-    elif job.utilization:
-        points, attributes = rules.read_utilization(job.utilization)
     if job.utilization:
+        if job.utilization == "cloudwatch":
+            points, attributes = rules.cloudwatch_utilization(_month_resources(job), end.date(), settings.idle_days)
+        else:
+            points, attributes = rules.read_utilization(job.utilization)
         idle, active = rules.idle_findings(points, attributes, end.date(), settings)
         costs = _resource_costs(job, [item["resource_id"] for item in idle])
         for item in idle:
@@ -285,18 +284,14 @@ def statements_stage(data: dict[str, Any]) -> dict[str, Any]:
     root = job.root
     keys = ["x_Owner", "BillingCurrency", "ServiceName", "x_OwnerSource", "AllocatedMethodId"]
     groups: dict[tuple, list] = {}
-    handle = root.fs.open_input_file(job.work_path("allocations.parquet"))
-    try:
-        for batch in pq.ParquetFile(handle).iter_batches(columns=[*keys, "x_Cost", "BilledCost"]):
-            grouped = pa.Table.from_batches([batch]).group_by(keys, use_threads=False).aggregate(
-                [("x_Cost", "sum"), ("BilledCost", "sum"), ("x_Cost", "count")])
-            for row in grouped.to_pylist():
-                entry = groups.setdefault(tuple(row[key] for key in keys), [Decimal(0), Decimal(0), 0])
-                entry[0] += row["x_Cost_sum"]
-                entry[1] += row["BilledCost_sum"]
-                entry[2] += row["x_Cost_count"]
-    finally:
-        handle.close()
+    for batch in _allocation_batches(job, [*keys, "x_Cost", "BilledCost"]):
+        grouped = pa.Table.from_batches([batch]).group_by(keys, use_threads=False).aggregate(
+            [("x_Cost", "sum"), ("BilledCost", "sum"), ("x_Cost", "count")])
+        for row in grouped.to_pylist():
+            entry = groups.setdefault(tuple(row[key] for key in keys), [Decimal(0), Decimal(0), 0])
+            entry[0] += row["x_Cost_sum"]
+            entry[1] += row["BilledCost_sum"]
+            entry[2] += row["x_Cost_count"]
     per_owner: dict[str | None, list] = {}
     for key in sorted(groups, key=lambda k: tuple("" if part is None else part for part in k)):
         per_owner.setdefault(key[0], []).append((key, groups[key]))
@@ -426,18 +421,24 @@ def publish(job: Job) -> dict[str, Any]:
             "out": root.uri_of(root.join(final_dir))}
 
 
-def recover_month(tagger=None, **kwargs: Any) -> dict[str, Any]:
+STAGES = ("ingest", "allocate", "rules", "statements", "report")
+
+
+def recover_month(tagger=None, advance: Callable[[int], None] | None = None, **kwargs: Any) -> dict[str, Any]:
     """Every stage of one month in process (what `seedance cost recover` runs); returns a summary.
 
-    Keyword arguments are those of `prepare`.
+    Keyword arguments are those of `prepare`; `advance(1)` (a progress bar's) is called after
+    each of the `STAGES`.
     """
     job = prepare(**kwargs)
     result: dict[str, Any] = {"month": job["month"], "backfill": job["backfill"], "apply": job["apply"]}
-    result["ingest"] = ingest_stage(job)
-    result["allocate"] = allocate_stage(job)
-    result["rules"] = rules_stage(job, tagger=tagger)
-    result["statements"] = statements_stage(job)
-    result["report"] = report_stage(job)
+    stages = {"ingest": ingest_stage, "allocate": allocate_stage,
+              "rules": lambda data: rules_stage(data, tagger=tagger),
+              "statements": statements_stage, "report": report_stage}
+    for name in STAGES:
+        result[name] = stages[name](job)
+        if advance:
+            advance(1)
     root = storage.resolve(job["out"])
     result["summary"] = storage.read_json(root.fs, root.join(f"month={job['month']}", "summary.json"))
     return result

@@ -39,12 +39,14 @@ def plan_task(params: dict | None, run_type: str | None = None) -> dict:
     store = params.get("store") or settings.lifecycle.store or settings.checkpoint.store
     if not store:
         raise UsageError("no checkpoint store", hint="set the `store` param, lifecycle.store or checkpoint.store")
+    location = storage.resolve(store)
     apply = _apply(params, run_type, settings)
-    names = [params["run"]] if params.get("run") else runs(storage.resolve(store))
+    overrides = _overrides(params)
+    names = [params["run"]] if params.get("run") else runs(location)
     for name in names:  # a bad policy fails here, before any run is touched
-        policy.policy_with(settings.lifecycle, name, **_overrides(params))
-    recovered = gc.recover(storage.resolve(store)) if apply else []
-    return {"store": storage.resolve(store).uri, "apply": apply, "runs": names, "overrides": _overrides(params),
+        policy.policy_with(settings.lifecycle, name, **overrides)
+    recovered = gc.recover(location) if apply else []
+    return {"store": location.uri, "apply": apply, "runs": names, "overrides": overrides,
             "recovered": recovered, "purge_older_than": params.get("purge_older_than") or None}
 
 

@@ -42,9 +42,10 @@ def recover(store: Location) -> list[dict]:
 
 def _removal(store: Location, manifests: list[dict]) -> tuple[list[str], list[dict]]:
     """(in-store paths to retire: manifests newest first, then data; files under other roots)."""
-    retires = [inventory.manifest_rel(m["run"], m["step"]) for m in sorted(manifests, key=lambda m: -m["step"])]
+    newest_first = sorted(manifests, key=lambda m: -m["step"])
+    retires = [inventory.manifest_rel(m["run"], m["step"]) for m in newest_first]
     external = []
-    for manifest in sorted(manifests, key=lambda m: -m["step"]):
+    for manifest in newest_first:
         for name, entry in sorted(manifest["files"].items()):
             ref = inventory.file_ref(store, manifest, name)
             archived = entry.get("storage_class") in ARCHIVE_CLASSES

@@ -81,13 +81,12 @@ def select(manifests: list[dict], policy: RetentionPolicy, now: datetime | None 
 
 def missing_bases(manifests: list[dict], kept: dict[int, list[str]]) -> dict[int, list[int]]:
     """{kept step: [chain steps not committed]}: kept checkpoints that are already unrestorable."""
-    present = {int(m["step"]) for m in manifests}
     by_step = {int(m["step"]): m for m in manifests}
     found = {}
     for step in kept:
         if step not in by_step:
             continue
-        lost = [int(b) for b in by_step[step].get("chain") or [] if int(b) not in present]
+        lost = [int(b) for b in by_step[step].get("chain") or [] if int(b) not in by_step]
         if lost:
             found[step] = lost
     return found

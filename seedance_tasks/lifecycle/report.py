@@ -13,8 +13,9 @@ def roots(store_uri: str, settings: LifecycleSettings) -> list[str]:
     found = [storage.resolve(store_uri).uri]
     for tier in TIERS:
         uri = settings.tiers.spec(tier).uri
-        if uri and storage.resolve(uri).uri not in found:
-            found.append(storage.resolve(uri).uri)
+        root = storage.resolve(uri).uri if uri else None
+        if root and root not in found:
+            found.append(root)
     return found
 
 

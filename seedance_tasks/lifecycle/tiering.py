@@ -197,6 +197,12 @@ def _switched(store: Location, entry: journals.Journal) -> bool | None:
     return True
 
 
+def _set_class_in_place(move: dict) -> None:
+    """Give an in-place move's object its tier's storage class (nothing if the tier sets none)."""
+    if move["storage_class"]:
+        set_storage_class(storage.resolve(move["dst"]["root"]).join(move["dst"]["rel"]), move["storage_class"])
+
+
 def move_checkpoint(store: Location, manifest: dict, target: str, settings: LifecycleSettings, trash_id: str) -> dict:
     """Move one checkpoint's data files to `target` (see the module doc); returns what was done."""
     run, step = manifest["run"], manifest["step"]
@@ -207,8 +213,7 @@ def move_checkpoint(store: Location, manifest: dict, target: str, settings: Life
                 "reason": f"{len(blocked)} file(s) in an archive class; thaw them to move them"}
     if all(m["in_place"] for m in moves):
         for move in moves:
-            if move["storage_class"]:
-                set_storage_class(storage.resolve(move["dst"]["root"]).join(move["dst"]["rel"]), move["storage_class"])
+            _set_class_in_place(move)
         _switch(store, run, step, manifest["id"], moves, target)
         return {"run": run, "step": step, "to": target, "action": "moved", "files": len(moves)}
     retires = [m["src"]["rel"] for m in moves if m["src"]["root"] == store.uri and not m["in_place"]]
@@ -220,10 +225,9 @@ def move_checkpoint(store: Location, manifest: dict, target: str, settings: Life
     )
     for move in moves:
         if move["in_place"]:
-            if move["storage_class"]:
-                set_storage_class(storage.resolve(move["dst"]["root"]).join(move["dst"]["rel"]), move["storage_class"])
-            continue
-        copy_verified(FileRef(**move["src"]), FileRef(**move["dst"]), move["storage_class"])
+            _set_class_in_place(move)
+        else:
+            copy_verified(FileRef(**move["src"]), FileRef(**move["dst"]), move["storage_class"])
     _switch(store, run, step, manifest["id"], moves, target)
     journaled.roll_forward(entry)
     return {"run": run, "step": step, "to": target, "action": "moved", "files": len(moves)}
@@ -322,18 +326,18 @@ def tier(
     trash_id = trash_id or storage.new_run_id()  # real time: purge dates trash by it
     found, moves = plan(store, names, settings, now, usable)
     before = costs.report(found, settings)
-    planned = {(m["run"], m["step"]): m for m in moves}
     done, skipped = [], []
-    for move in moves:
-        if apply:
+    if apply:
+        for move in moves:
             result = move_checkpoint(store, move["_manifest"], move["to"], settings, trash_id)
             (done if result["action"] == "moved" else skipped).append({**result, "from": move["from"]})
-    after_manifests = [
-        _moved(m, planned[(m["run"], m["step"])]["to"], settings) if (m["run"], m["step"]) in planned else m
-        for m in found
-    ]
-    if apply:
         after_manifests = [m for r in names for m in inventory.manifests(store, r)]
+    else:
+        planned = {(m["run"], m["step"]): m["to"] for m in moves}
+        after_manifests = [
+            _moved(m, planned[(m["run"], m["step"])], settings) if (m["run"], m["step"]) in planned else m
+            for m in found
+        ]
     after = costs.report(after_manifests, settings)
     for move in moves:
         move.pop("_manifest")
