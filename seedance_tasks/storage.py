@@ -21,11 +21,13 @@ from urllib.parse import urlparse
 
 import pyarrow.fs as pafs
 
+from seedance_tasks import faults
 from seedance_tasks.errors import IntegrityError, UsageError
 
 SEEDANCE_DIR = "_seedance"
 TRASH_DIR = f"{SEEDANCE_DIR}/trash"
 QUARANTINE_DIR = f"{SEEDANCE_DIR}/quarantine"
+LEASE_DIR = f"{SEEDANCE_DIR}/leases"
 RUN_ID_TIME_FORMAT = "%Y%m%dT%H%M%SZ"
 
 
@@ -92,7 +94,8 @@ def _aws_options(s3_settings=None) -> dict[str, Any]:
 
     Order: settings (`storage.s3`), the Airflow connection they name, the environment
     (AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL, AWS_DEFAULT_REGION); credentials not found there are
-    left to the standard AWS chain. Secrets are never logged.
+    left to the standard AWS chain. Secrets are never logged. Timeouts and the number of tries
+    come from `storage.s3.connect_timeout` / `request_timeout` / `max_attempts`.
     """
     s3_settings = s3_settings or _s3_settings()
     connection = _airflow_connection(s3_settings)
@@ -101,16 +104,28 @@ def _aws_options(s3_settings=None) -> dict[str, Any]:
         or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL"),
         "region": s3_settings.region or connection.get("region") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1",
         "credentials": {key: connection[key] for key in ("access_key", "secret_key", "session_token") if key in connection},
+        "connect_timeout": float(s3_settings.connect_timeout),
+        "request_timeout": float(s3_settings.request_timeout),
+        "max_attempts": int(s3_settings.max_attempts),
     }
 
 
 def s3_filesystem(s3_settings=None) -> pafs.S3FileSystem:
-    """A pyarrow S3 filesystem on the configured endpoint and credentials."""
+    """A pyarrow S3 filesystem on the configured endpoint and credentials.
+
+    Bounded: each request gives up on a connection after `connect_timeout`, on a silent
+    (frozen) endpoint after `request_timeout`, and is tried `max_attempts` times with the AWS
+    standard backoff; then the OSError names the operation (the CLI/DAG boundary names the
+    endpoint).
+    """
     options = _aws_options(s3_settings)
     kwargs: dict[str, Any] = {
         "region": options["region"],
         "allow_bucket_creation": True,
         "check_directory_existence_before_creation": False,
+        "connect_timeout": options["connect_timeout"],
+        "request_timeout": options["request_timeout"],
+        "retry_strategy": pafs.AwsStandardS3RetryStrategy(max_attempts=options["max_attempts"]),
         **options["credentials"],
     }
     if options["endpoint_url"]:
@@ -128,6 +143,7 @@ def boto3_client(service: str, s3_settings=None):
     (AWS_ENDPOINT_URL_<SERVICE> / AWS_ENDPOINT_URL, else AWS).
     """
     import boto3
+    from botocore.config import Config
 
     options = _aws_options(s3_settings)
     creds = options["credentials"]
@@ -138,6 +154,11 @@ def boto3_client(service: str, s3_settings=None):
         aws_access_key_id=creds.get("access_key"),
         aws_secret_access_key=creds.get("secret_key"),
         aws_session_token=creds.get("session_token"),
+        config=Config(
+            connect_timeout=options["connect_timeout"],
+            read_timeout=options["request_timeout"],
+            retries={"total_max_attempts": options["max_attempts"], "mode": "standard"},  # tries, first included
+        ),
     )
 
 
@@ -173,25 +194,91 @@ def is_file(fs: pafs.FileSystem, path: str) -> bool:
     return fs.get_file_info(path).type == pafs.FileType.File
 
 
-def list_files(location: Location, *, include_hidden: bool = False) -> list[pafs.FileInfo]:
-    """Every file below `location` in one recursive listing, sorted by path.
+@dataclass(frozen=True)
+class Listing:
+    """What one recursive listing found: the regular files, and the symlinks it did not follow."""
+
+    files: list[pafs.FileInfo]
+    symlinks: list[str]  # relative to the listed location, directories and files alike
+
+
+def list_tree(location: Location, *, include_hidden: bool = False) -> Listing:
+    """Every file below `location` in one recursive listing, sorted by path; symlinks not followed.
 
     Hidden files and directories (`_`/`.` prefix, which includes `_seedance/`) are left out unless
-    `include_hidden`.
+    `include_hidden`. On local disk a symlink (to a file or a directory, inside the root or not)
+    is never followed: it is reported in `symlinks` so the caller can skip it and say so.
     """
     info = location.fs.get_file_info(location.path)
     if info.type == pafs.FileType.NotFound:
-        return []
+        return Listing([], [])
     if info.type == pafs.FileType.File:
-        return [info]
-    selector = pafs.FileSelector(location.path, recursive=True, allow_not_found=True)
-    files = [
-        item
-        for item in location.fs.get_file_info(selector)
-        if item.type == pafs.FileType.File
-        and (include_hidden or not is_hidden(location.relative(item.path)))
-    ]
-    return sorted(files, key=lambda item: item.path)
+        return Listing([info], [])
+    if location.is_s3:
+        selector = pafs.FileSelector(location.path, recursive=True, allow_not_found=True)
+        files = [
+            item
+            for item in location.fs.get_file_info(selector)
+            if item.type == pafs.FileType.File
+            and (include_hidden or not is_hidden(location.relative(item.path)))
+        ]
+        return Listing(sorted(files, key=lambda item: item.path), [])
+    return _walk_local(location, include_hidden)
+
+
+def _walk_local(location: Location, include_hidden: bool) -> Listing:
+    paths: list[str] = []
+    symlinks: list[str] = []
+    pending = [location.path]
+    while pending:
+        directory = pending.pop()
+        try:
+            entries = list(os.scandir(directory))
+        except FileNotFoundError:  # removed while listing
+            continue
+        for entry in entries:
+            relative = location.relative(entry.path)
+            if not include_hidden and entry.name.startswith(("_", ".")):
+                continue
+            if entry.is_symlink():
+                symlinks.append(relative)
+            elif entry.is_dir(follow_symlinks=False):
+                pending.append(entry.path)
+            elif entry.is_file(follow_symlinks=False):
+                paths.append(entry.path)
+    files = location.fs.get_file_info(sorted(paths)) if paths else []
+    return Listing([item for item in files if item.type == pafs.FileType.File], sorted(symlinks))
+
+
+def list_files(location: Location, *, include_hidden: bool = False) -> list[pafs.FileInfo]:
+    """The regular files of `list_tree(location)` (symlinks are never followed), sorted by path."""
+    return list_tree(location, include_hidden=include_hidden).files
+
+
+def confine(relative_path: str, *, what: str) -> str:
+    """`relative_path` normalised, if it stays below its root; else IntegrityError naming `what`.
+
+    Refused: absolute paths, `..` components, empty paths, NUL bytes, backslashes. Metadata
+    (manifests, journals, plans) is untrusted input: every path it names goes through here.
+    """
+    text = relative_path if isinstance(relative_path, str) else None
+    problem = None
+    if not text:
+        problem = "an empty or non-text path"
+    elif "\x00" in text or "\\" in text:
+        problem = "a NUL byte or a backslash"
+    elif text.startswith("/") or os.path.isabs(text) or "://" in text:
+        problem = "an absolute path or URI"
+    else:
+        parts = [part for part in text.split("/") if part not in ("", ".")]
+        if not parts or ".." in parts:
+            problem = "a `..` component" if parts else "an empty path"
+        else:
+            return "/".join(parts)
+    raise IntegrityError(
+        f"{what}: path {relative_path!r} is {problem}, which would leave its root; refused",
+        hint="the file was edited or damaged by someone else; restore it from the trash or remove it",
+    )
 
 
 def read_bytes(fs: pafs.FileSystem, path: str) -> bytes:
@@ -207,19 +294,26 @@ def hidden_sibling(path: str, tag: str = "tmp") -> str:
 
 def write_bytes_atomic(fs: pafs.FileSystem, path: str, data: bytes) -> None:
     """Write `data` to `path` so that readers see the old content or the new, never a part."""
+    faults.point("storage.write_atomic.before")
     parent = posixpath.dirname(path)
     if parent:
         fs.create_dir(parent, recursive=True)
     if isinstance(fs, pafs.LocalFileSystem):
         temp = hidden_sibling(path)
-        with open(temp, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temp, path)
+        try:
+            with open(temp, "wb") as handle:
+                handle.write(data)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(temp, path)
+        except BaseException:
+            if os.path.exists(temp):  # a half-written temp file (ENOSPC...) is ours to remove
+                os.unlink(temp)
+            raise
     else:  # an S3 PUT is atomic: the object is visible whole or not at all
         with fs.open_output_stream(path) as stream:
             stream.write(data)
+    faults.point("storage.write_atomic.after")
 
 
 def write_json_atomic(fs: pafs.FileSystem, path: str, value: Any) -> None:
@@ -242,15 +336,54 @@ def move(fs: pafs.FileSystem, source: str, destination: str) -> None:
         fs.delete_file(source)
 
 
-def publish(fs: pafs.FileSystem, hidden_path: str, final_path: str) -> None:
+def same_file(fs: pafs.FileSystem, first: str, second: str) -> bool:
+    """True if two paths hold the same bytes (local: one inode or equal bytes; S3: equal size and content)."""
+    if isinstance(fs, pafs.LocalFileSystem):
+        try:
+            if os.path.samefile(first, second):
+                return True
+        except OSError:
+            return False
+    infos = fs.get_file_info([first, second])
+    if any(info.type != pafs.FileType.File for info in infos) or infos[0].size != infos[1].size:
+        return False
+    with fs.open_input_stream(first) as one, fs.open_input_stream(second) as two:
+        while True:
+            left, right = one.read(1 << 22), two.read(1 << 22)
+            if left != right:
+                return False
+            if not left:
+                return True
+
+
+def publish(fs: pafs.FileSystem, hidden_path: str, final_path: str, *, replace: bool = False) -> None:
     """Make a verified hidden file visible under `final_path`; safe to repeat after a crash.
 
-    Raises IntegrityError if neither the hidden nor the final file exists.
+    Never overwrites a different file unless `replace` (the caller has retired the old one or
+    means to replace it). Raises IntegrityError if neither the hidden nor the final file exists,
+    or if `final_path` already holds other bytes.
     """
-    if is_file(fs, hidden_path):
-        move(fs, hidden_path, final_path)
-    elif not is_file(fs, final_path):
+    faults.point("storage.publish.before")
+    hidden, final = fs.get_file_info([hidden_path, final_path])
+    if hidden.type == pafs.FileType.File:
+        if final.type == pafs.FileType.File and not replace:
+            if not same_file(fs, hidden_path, final_path):
+                raise IntegrityError(
+                    f"cannot publish {final_path}: a different file of that name is already there",
+                    hint="another writer published it; nothing was overwritten. Check the dataset's leases",
+                )
+            fs.delete_file(hidden_path)  # an earlier attempt published it, then died before this
+        elif isinstance(fs, pafs.LocalFileSystem) and not replace:
+            parent = posixpath.dirname(final_path)
+            if parent:
+                fs.create_dir(parent, recursive=True)
+            os.link(hidden_path, final_path)  # fails rather than overwrite a file that appeared since
+            os.unlink(hidden_path)
+        else:
+            move(fs, hidden_path, final_path)
+    elif final.type != pafs.FileType.File:
         raise IntegrityError(f"cannot publish {final_path}: its staged file {hidden_path} is gone")
+    faults.point("storage.publish.after")
 
 
 def new_run_id(now: datetime | None = None) -> str:
@@ -274,10 +407,12 @@ def move_to_trash(root: Location, relative_path: str, run_id: str) -> str:
     """
     source = root.join(relative_path)
     target = root.join(TRASH_DIR, run_id, relative_path)
+    faults.point("storage.retire.before")
     if is_file(root.fs, source):
         move(root.fs, source, target)
     elif not is_file(root.fs, target):
         raise IntegrityError(f"cannot retire {source}: it is neither in place nor in the trash")
+    faults.point("storage.retire.after")
     return target
 
 
@@ -305,18 +440,20 @@ def _directories(location: Location) -> Iterator[str]:
             yield posixpath.basename(item.path)
 
 
-def purge_trash(root: Location, older_than_s: float, *, now: datetime | None = None, apply: bool = True) -> dict:
+def purge_trash(root: Location, older_than_s: float, *, now: datetime | None = None, apply: bool = True,
+                keep: frozenset[str] | set[str] = frozenset()) -> dict:
     """Delete trash runs of `root` older than `older_than_s` seconds (by the run id's time).
 
-    Returns {"purged": [run ids], "kept": [run ids], "files": n, "bytes": n}. With apply=False,
-    reports what it would purge and deletes nothing.
+    Trash runs named in `keep` (those of unfinished journals: `journal.purge_trash` passes them)
+    are never purged. Returns {"purged": [run ids], "kept": [run ids], "files": n, "bytes": n}.
+    With apply=False, reports what it would purge and deletes nothing.
     """
     now = now or datetime.now(UTC)
     trash = root.child(TRASH_DIR)
     purged, kept, files, total = [], [], 0, 0
     for run_id in sorted(_directories(trash)):
         started = run_id_time(run_id)
-        if started is None or (now - started).total_seconds() < older_than_s:
+        if run_id in keep or started is None or (now - started).total_seconds() < older_than_s:
             kept.append(run_id)
             continue
         contents = list_files(trash.child(run_id), include_hidden=True)

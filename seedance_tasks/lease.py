@@ -1,0 +1,387 @@
+"""Leases: one writer per dataset, whoever starts it (the CLI, a DAG, a second Airflow deployment).
+
+A lease is one small JSON record, `<root>/_seedance/leases/<name>.json`, created exclusively:
+on local disk by hard-linking a fully written temp file to that name (fails if it exists), on S3
+by a conditional PUT (`If-None-Match: *`). Its holder renews it (a heartbeat thread, every third
+of the TTL) while the work runs. A record whose heartbeat is older than its TTL is stale, and
+anyone may take it over, atomically: on S3 a PUT conditional on the stale record's ETag, locally
+a rename of the stale record to a unique name followed by an exclusive create. A holder that
+finds another holder's record when it renews has lost the lease (`LeaseLostError`); callers
+check it right before every point of no return.
+
+Ownership is by holder string: every task, map index and retry of one Airflow DAG run share one
+holder (`dag_support.airflow_lease_holder()`), so a retried task takes its own lease back.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, replace
+from datetime import UTC, datetime
+
+from seedance_tasks import faults, storage
+from seedance_tasks.errors import IntegrityError, SeedanceError
+from seedance_tasks.storage import Location
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TTL_S = 600.0
+_POLL_S = 0.5
+
+
+class LeaseHeldError(SeedanceError):
+    """Another writer holds the dataset's lease and its heartbeat is fresh."""
+
+    exit_code = 5
+    retryable = True  # the holder finishes or its lease expires; a later try can succeed
+
+
+class LeaseLostError(IntegrityError):
+    """Our lease was taken over (our heartbeat had gone stale): stop before changing anything."""
+
+
+@dataclass(frozen=True)
+class LeaseRecord:
+    """Who holds a lease, since when, and until when it counts without a heartbeat."""
+
+    name: str
+    holder: str
+    purpose: str
+    host: str
+    pid: int
+    acquired_at: datetime
+    heartbeat_at: datetime
+    ttl_s: float
+    token: str
+
+    def stale(self, now: datetime | None = None) -> bool:
+        """True once the heartbeat is older than the TTL: the holder is presumed dead."""
+        return ((now or datetime.now(UTC)) - self.heartbeat_at).total_seconds() > self.ttl_s
+
+    def to_bytes(self) -> bytes:
+        data = asdict(self)
+        data["acquired_at"] = self.acquired_at.isoformat()
+        data["heartbeat_at"] = self.heartbeat_at.isoformat()
+        return (json.dumps(data, indent=2, sort_keys=True) + "\n").encode()
+
+    @classmethod
+    def from_bytes(cls, raw: bytes, where: str) -> LeaseRecord:
+        """Parse a lease record; a damaged one is IntegrityError naming the file and field."""
+        try:
+            data = json.loads(raw)
+            record = cls(
+                name=str(data["name"]), holder=str(data["holder"]), purpose=str(data.get("purpose", "")),
+                host=str(data.get("host", "?")), pid=int(data.get("pid", 0)),
+                acquired_at=_parse_time(data["acquired_at"]), heartbeat_at=_parse_time(data["heartbeat_at"]),
+                ttl_s=float(data["ttl_s"]), token=str(data["token"]),
+            )
+        except (ValueError, KeyError, TypeError) as exc:
+            raise IntegrityError(
+                f"lease record {where} is damaged ({type(exc).__name__}: {exc})",
+                hint="if no run is working on this dataset, move the file away and run again",
+            ) from None
+        if record.ttl_s <= 0:
+            raise IntegrityError(f"lease record {where}: ttl_s must be positive, got {record.ttl_s}")
+        return record
+
+    def describe(self) -> str:
+        return (f"{self.holder} ({self.purpose or 'no purpose given'}) on host {self.host}, pid {self.pid}, "
+                f"since {self.acquired_at.isoformat(timespec='seconds')}, "
+                f"last heartbeat {self.heartbeat_at.isoformat(timespec='seconds')}")
+
+
+def _parse_time(value: str) -> datetime:
+    parsed = datetime.fromisoformat(value)
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+def default_ttl() -> float:
+    """The configured lease TTL (`storage.lease_ttl`), in seconds."""
+    from seedance_tasks.config import load_settings
+
+    return float(load_settings().storage.lease_ttl)
+
+
+# --------------------------------------------------------------------------- backends
+
+
+class _LocalBackend:
+    """Exclusive create by hard link; takeover by renaming the stale record away first."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def read(self) -> tuple[bytes, str] | None:
+        try:
+            with open(self.path, "rb") as handle:
+                raw = handle.read()
+        except FileNotFoundError:
+            return None
+        return raw, raw.decode(errors="replace")  # the bytes are their own version tag
+
+    def _temp(self, raw: bytes) -> str:
+        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        temp = storage.hidden_sibling(self.path)
+        with open(temp, "wb") as handle:
+            handle.write(raw)
+            handle.flush()
+            os.fsync(handle.fileno())
+        return temp
+
+    def create(self, raw: bytes) -> bool:
+        temp = self._temp(raw)
+        try:
+            os.link(temp, self.path)
+            return True
+        except FileExistsError:
+            return False
+        finally:
+            os.unlink(temp)
+
+    def replace(self, raw: bytes, version: str, *, takeover: bool = False) -> bool:
+        """Swap the record for `raw` if it still is `version`; False if someone changed it.
+
+        A renewal by the holder swaps in place (no moment without a record); a takeover of a
+        stale record moves it aside first, so that of two takers only one can win.
+        """
+        if not takeover:
+            found = self.read()
+            if found is None or found[1] != version:
+                return False
+            os.replace(self._temp(raw), self.path)
+            return True
+        aside = f"{self.path}.{secrets.token_hex(6)}.old"
+        try:
+            os.rename(self.path, aside)
+        except FileNotFoundError:
+            return False
+        with open(aside, "rb") as handle:
+            moved = handle.read().decode(errors="replace")
+        if moved != version:  # we moved someone else's fresh record: put it back untouched
+            try:
+                os.link(aside, self.path)
+            except FileExistsError:
+                pass
+            os.unlink(aside)
+            return False
+        os.unlink(aside)
+        return self.create(raw)
+
+    def delete(self, version: str) -> None:
+        current = self.read()
+        if current is not None and current[1] == version:
+            aside = f"{self.path}.{secrets.token_hex(6)}.old"
+            try:
+                os.rename(self.path, aside)
+            except FileNotFoundError:
+                return
+            os.unlink(aside)
+
+
+class _S3Backend:
+    """Conditional PUTs: If-None-Match for create, If-Match (ETag) for renew and takeover."""
+
+    def __init__(self, path: str):
+        self.bucket, _, self.key = path.partition("/")
+        self.client = storage.boto3_client("s3")
+
+    def read(self) -> tuple[bytes, str] | None:
+        try:
+            response = self.client.get_object(Bucket=self.bucket, Key=self.key)
+        except self.client.exceptions.NoSuchKey:
+            return None
+        return response["Body"].read(), response["ETag"]
+
+    def _put(self, raw: bytes, **condition: str) -> bool:
+        from botocore.exceptions import ClientError
+
+        try:
+            self.client.put_object(Bucket=self.bucket, Key=self.key, Body=raw,
+                                   ContentType="application/json", **condition)
+            return True
+        except ClientError as exc:
+            code = exc.response.get("Error", {}).get("Code", "")
+            if code in ("PreconditionFailed", "ConditionalRequestConflict", "NoSuchKey", "412", "409"):
+                return False
+            raise
+
+    def create(self, raw: bytes) -> bool:
+        return self._put(raw, IfNoneMatch="*")
+
+    def replace(self, raw: bytes, version: str, *, takeover: bool = False) -> bool:
+        return self._put(raw, IfMatch=version)
+
+    def delete(self, version: str) -> None:
+        from botocore.exceptions import ClientError
+
+        try:
+            self.client.delete_object(Bucket=self.bucket, Key=self.key, IfMatch=version)
+        except ClientError:  # changed or gone since: not ours to delete any more
+            pass
+
+
+def _backend(root: Location, name: str):
+    path = root.join(storage.LEASE_DIR, f"{storage.confine(name, what='lease name')}.json")
+    return _S3Backend(path) if root.is_s3 else _LocalBackend(path)
+
+
+# --------------------------------------------------------------------------- the lease
+
+
+class Lease:
+    """A held lease: renew it, check it before a point of no return, release it."""
+
+    def __init__(self, root: Location, record: LeaseRecord, backend, version: str):
+        self.root, self.record, self._backend, self._version = root, record, backend, version
+        self._lock = threading.Lock()
+        self.lost: LeaseLostError | None = None
+
+    @property
+    def where(self) -> str:
+        return self.root.uri_of(self.root.join(storage.LEASE_DIR, f"{self.record.name}.json"))
+
+    def _lost(self, current: LeaseRecord | None) -> LeaseLostError:
+        who = current.describe() if current else "nobody (the record is gone)"
+        self.lost = LeaseLostError(
+            f"lease {self.where} is no longer held by {self.record.holder}: now {who}",
+            hint="this run paused longer than the lease TTL and another run took over; "
+                 "nothing more was changed. Raise storage.lease_ttl if runs pause that long",
+        )
+        return self.lost
+
+    def renew(self) -> None:
+        """Push the heartbeat forward; LeaseLostError if another holder owns the lease now."""
+        with self._lock:
+            if self.lost:
+                raise self.lost
+            found = self._backend.read()
+            current = LeaseRecord.from_bytes(found[0], self.where) if found else None
+            if current is None or current.holder != self.record.holder:
+                raise self._lost(current)
+            renewed = replace(current, heartbeat_at=datetime.now(UTC), pid=os.getpid(), host=socket.gethostname())
+            raw = renewed.to_bytes()
+            if not self._backend.replace(raw, found[1]):
+                again = self._backend.read()
+                current = LeaseRecord.from_bytes(again[0], self.where) if again else None
+                if current is None or current.holder != self.record.holder:
+                    raise self._lost(current)
+                return  # a sibling task of the same holder renewed it at the same moment
+            self.record = renewed
+            self._version = self._backend.read()[1] if self.root.is_s3 else raw.decode()
+
+    def check(self) -> None:
+        """Raise LeaseLostError unless the lease is still ours (renews it on the way)."""
+        self.renew()
+
+    def release(self) -> None:
+        """Remove the lease record if it is still ours; never touches another holder's."""
+        with self._lock:
+            found = self._backend.read()
+            if found is None:
+                return
+            current = LeaseRecord.from_bytes(found[0], self.where)
+            if current.holder == self.record.holder:
+                self._backend.delete(found[1])
+
+
+def acquire(root: Location, name: str, *, holder: str, purpose: str, ttl_s: float | None = None,
+            wait_s: float = 0.0) -> Lease:
+    """Take the lease `name` of `root` for `holder`, or raise LeaseHeldError naming who has it.
+
+    Re-entrant for the same holder; a stale record (heartbeat older than its TTL) is taken over
+    atomically. With `wait_s` > 0, waits up to that long for the holder to finish.
+    """
+    ttl_s = default_ttl() if ttl_s is None else float(ttl_s)
+    backend = _backend(root, name)
+    deadline = time.monotonic() + max(wait_s, 0.0)
+    where = root.uri_of(root.join(storage.LEASE_DIR, f"{name}.json"))
+    while True:
+        now = datetime.now(UTC)
+        record = LeaseRecord(name, holder, purpose, socket.gethostname(), os.getpid(), now, now, ttl_s,
+                             secrets.token_hex(8))
+        raw = record.to_bytes()
+        faults.point("lease.acquire")
+        found = backend.read()
+        if found is None:
+            if backend.create(raw):
+                return _held(root, record, backend, raw)
+            continue  # someone created it between our read and our create: look again
+        current = LeaseRecord.from_bytes(found[0], where)
+        if current.holder == holder or current.stale(now):
+            if current.holder == holder:
+                record = replace(record, acquired_at=current.acquired_at, token=current.token)
+                raw = record.to_bytes()
+            else:
+                log.warning("taking over the stale lease %s of %s", where, current.describe())
+            if backend.replace(raw, found[1], takeover=current.holder != holder):
+                return _held(root, record, backend, raw)
+            continue
+        if time.monotonic() >= deadline:
+            raise LeaseHeldError(
+                f"{root.uri} is being written by another run: lease {where} is held by {current.describe()}",
+                hint=f"wait for it to finish (or pass --wait), or, if it died, for its lease to expire "
+                     f"({current.ttl_s:.0f} s after its last heartbeat)",
+            )
+        time.sleep(min(_POLL_S, max(deadline - time.monotonic(), 0.01)))
+
+
+def _held(root: Location, record: LeaseRecord, backend, raw: bytes) -> Lease:
+    version = backend.read()[1] if root.is_s3 else raw.decode()
+    return Lease(root, record, backend, version)
+
+
+@contextmanager
+def holding(root: Location, name: str, *, holder: str, purpose: str, ttl_s: float | None = None,
+            wait_s: float = 0.0, release: bool = True) -> Iterator[Lease]:
+    """Hold the lease for the block, renewing it every third of its TTL; release it on exit.
+
+    With release=False the lease is kept when the block ends (the next task of the same DAG run
+    takes it back); it expires by its TTL if nobody does.
+    """
+    held = acquire(root, name, holder=holder, purpose=purpose, ttl_s=ttl_s, wait_s=wait_s)
+    stop = threading.Event()
+
+    def heartbeat() -> None:
+        while not stop.wait(held.record.ttl_s / 3):
+            try:
+                held.renew()
+            except LeaseLostError:
+                log.error("%s", held.lost)
+                return
+            except Exception:  # a storage hiccup: the next beat tries again, the TTL has slack
+                log.warning("lease heartbeat for %s failed; retrying", held.where, exc_info=True)
+
+    thread = threading.Thread(target=heartbeat, name=f"lease-{name}", daemon=True)
+    thread.start()
+    try:
+        yield held
+    finally:
+        stop.set()
+        thread.join()
+        if release:
+            held.release()
+
+
+def current(root: Location, name: str) -> LeaseRecord | None:
+    """The lease record `name` of `root`, or None if nobody holds it."""
+    backend = _backend(root, name)
+    found = backend.read()
+    return LeaseRecord.from_bytes(found[0], root.uri_of(root.join(storage.LEASE_DIR, f"{name}.json"))) if found else None
+
+
+def list_leases(root: Location) -> list[LeaseRecord]:
+    """Every lease record under `root` (held or stale), for reports and the dashboard."""
+    records = []
+    for info in storage.list_files(root.child(storage.LEASE_DIR), include_hidden=True):
+        name = info.path.rsplit("/", 1)[-1]
+        if name.endswith(".json") and not name.startswith("."):
+            records.append(LeaseRecord.from_bytes(storage.read_bytes(root.fs, info.path), root.uri_of(info.path)))
+    return records
