@@ -2,10 +2,22 @@
 
 from __future__ import annotations
 
+import os
+import sys
+
 import typer
 
+from seedance_tasks.boundary import DEBUG_ENV
 from seedance_tasks.checkpoint.cli import app as ckpt_app
-from seedance_tasks.cli_support import JSON_OPTION, console, emit, handle_errors, table
+from seedance_tasks.cli_support import (
+    JSON_OPTION,
+    console,
+    emit,
+    handle_errors,
+    report_error,
+    table,
+    wrap_commands,
+)
 from seedance_tasks.compaction.cli import compact
 from seedance_tasks.cost.cli import app as cost_app
 from seedance_tasks.lifecycle.cli import register as register_lifecycle_commands
@@ -23,6 +35,18 @@ app = typer.Typer(
 )
 app.command(name="compact")(compact)
 
+
+@app.callback()
+def options(
+    debug: bool = typer.Option(
+        False, "--debug", envvar=DEBUG_ENV, help="On an error, print the Python traceback too (or SEEDANCE_DEBUG=1)."
+    ),
+) -> None:
+    """Cut the cost of AI training infrastructure."""
+    if debug:
+        os.environ[DEBUG_ENV] = "1"
+
+
 trash_app = typer.Typer(help="The trash area that every destructive step moves old data into.", no_args_is_help=True)
 
 
@@ -35,10 +59,10 @@ def trash_purge(
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Free the bytes of trash runs older than --older-than (dated by their run id)."""
-    from seedance_tasks import storage
+    from seedance_tasks import journal, storage
     from seedance_tasks.units import format_size, parse_duration
 
-    result = storage.purge_trash(storage.resolve(uri), parse_duration(older_than), apply=not dry_run)
+    result = journal.purge_trash(storage.resolve(uri), parse_duration(older_than), apply=not dry_run)
 
     def render(res: dict) -> None:
         verb = "purged" if res["applied"] else "would purge"
@@ -59,11 +83,21 @@ register_lifecycle_commands(ckpt_app)
 app.add_typer(ckpt_app, name="ckpt")
 app.add_typer(train_app, name="train")
 app.add_typer(cost_app, name="cost")
+wrap_commands(app)  # one error boundary for every command, whichever module registered it
 
 
 def main() -> None:
-    """Entry point of the `seedance` console script."""
-    app()
+    """Entry point of the `seedance` console script: no traceback escapes it without --debug."""
+    try:
+        app()
+    except KeyboardInterrupt:
+        sys.stderr.write("interrupted\n")
+        sys.exit(130)
+    except Exception as exc:  # noqa: BLE001 - backstop of the boundary, outside any command
+        from seedance_tasks.boundary import classify
+
+        report_error(exc)
+        sys.exit(classify(exc).exit_code)
 
 
 if __name__ == "__main__":

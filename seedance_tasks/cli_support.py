@@ -13,9 +13,10 @@ from typing import Any, TypeVar
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
-from seedance_tasks.errors import SeedanceError
+from seedance_tasks.boundary import classify, debug_enabled
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -26,19 +27,57 @@ JSON_OPTION = typer.Option(False, "--json", help="Print one machine-readable JSO
 
 
 def handle_errors(func: F) -> F:
-    """Turn a SeedanceError into a red message with its hint on stderr and the error's exit code."""
+    """Turn any exception into one red `error:` line and a `hint:` on stderr, with a meaningful exit code.
+
+    A SeedanceError keeps its message, hint and exit code; everything else is classified by
+    `seedance_tasks.boundary.classify` (disk full, permissions, S3 endpoint down, Arrow data
+    errors...; an unexpected bug exits 70). Ctrl-C exits 130. The traceback is printed only with
+    `seedance --debug` (or SEEDANCE_DEBUG=1). Every command of the `seedance` app is wrapped.
+    """
+    if getattr(func, "__seedance_handled__", False):
+        return func
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        import click
+
         try:
             return func(*args, **kwargs)
-        except SeedanceError as exc:
-            err_console.print(f"[bold red]error:[/] {exc.message}", highlight=False)
-            if exc.hint:
-                err_console.print(f"[yellow]hint:[/] {exc.hint}", highlight=False)
-            raise typer.Exit(exc.exit_code) from None
+        except (typer.Exit, click.exceptions.Exit, click.exceptions.ClickException, click.exceptions.Abort, SystemExit):
+            raise
+        except KeyboardInterrupt:
+            err_console.print("[bold red]interrupted[/] (Ctrl-C); an interrupted run is finished or rolled "
+                              "back by the next one", highlight=False)
+            raise typer.Exit(130) from None
+        except Exception as exc:  # noqa: BLE001 - the one error boundary of the CLI
+            report_error(exc)
+            raise typer.Exit(classify(exc).exit_code) from None
 
+    wrapper.__seedance_handled__ = True  # type: ignore[attr-defined]
     return wrapper  # type: ignore[return-value]
+
+
+def report_error(exc: BaseException) -> None:
+    """Print `exc` as `error:`/`hint:` lines on stderr (and its traceback first, with --debug)."""
+    error = classify(exc)
+    if debug_enabled():
+        import traceback
+
+        sys.stderr.write("".join(traceback.format_exception(exc)))
+        sys.stderr.flush()
+    err_console.print(f"[bold red]error:[/] {escape(error.message)}", highlight=False, soft_wrap=True)
+    if error.hint:
+        err_console.print(f"[yellow]hint:[/] {escape(error.hint)}", highlight=False, soft_wrap=True)
+
+
+def wrap_commands(app: typer.Typer) -> None:
+    """Wrap the callback of every command of `app` and its sub-apps in `handle_errors` (once)."""
+    for command in app.registered_commands:
+        if command.callback is not None:
+            command.callback = handle_errors(command.callback)
+    for group in app.registered_groups:
+        if group.typer_instance is not None:
+            wrap_commands(group.typer_instance)
 
 
 def emit(result: Any, as_json: bool, render: Callable[[Any], None]) -> None:
@@ -61,11 +100,29 @@ def table(title: str, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> 
     return out
 
 
+class _Bar:
+    """What `progress` yields: `bar(n)` advances by n; `bar.update(done, total)` (an
+    `on_progress(done, total)` callback for library functions) sets the position and the total."""
+
+    def __init__(self, progress=None, task_id=None):
+        self._progress, self._task_id = progress, task_id
+
+    def __call__(self, n: float = 1) -> None:
+        if self._progress is not None:
+            self._progress.advance(self._task_id, n)
+
+    def update(self, done: float, total: float | None = None) -> None:
+        if self._progress is not None:
+            self._progress.update(self._task_id, completed=done, **({"total": total} if total is not None else {}))
+
+
 @contextmanager
-def progress(description: str, total: float | None, *, enabled: bool = True) -> Iterator[Callable[[float], None]]:
-    """A progress bar on stderr; yields `advance(n)`. Silent when disabled (e.g. with --json)."""
+def progress(description: str, total: float | None = None, *, enabled: bool = True) -> Iterator[_Bar]:
+    """A progress bar on stderr with total, percentage and ETA; yields a `_Bar` (`bar(n)` advances,
+    `bar.update(done, total)` suits `on_progress` callbacks). Silent when disabled (--json) or
+    when stderr is not a terminal."""
     if not enabled or not err_console.is_terminal:
-        yield lambda _n=1: None
+        yield _Bar()
         return
     from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeRemainingColumn
 
@@ -73,9 +130,9 @@ def progress(description: str, total: float | None, *, enabled: bool = True) -> 
         TextColumn("[bold]{task.description}"),
         BarColumn(),
         TaskProgressColumn(),
+        TextColumn("eta"),
         TimeRemainingColumn(),
         console=err_console,
         transient=True,
     ) as bar:
-        task_id = bar.add_task(description, total=total)
-        yield lambda n=1: bar.advance(task_id, n)
+        yield _Bar(bar, bar.add_task(description, total=total))

@@ -38,11 +38,17 @@ class S3Settings(StrictModel):
     aws_conn_id: str | None = Field(
         None, description="Airflow connection to take credentials from; else the standard AWS chain"
     )
+    connect_timeout: Duration = Field(5, gt=0, description="seconds to wait for a TCP connection to the endpoint")
+    request_timeout: Duration = Field(30, gt=0, description="seconds a request may go without receiving data")
+    max_attempts: int = Field(4, ge=1, le=20, description="tries of each S3 request (standard retry mode, backoff)")
 
 
 class StorageSettings(StrictModel):
     s3: S3Settings = S3Settings()
     trash_retention: Duration = Field(7 * 86400, description="age after which trash may be purged")
+    lease_ttl: Duration = Field(
+        600, gt=0, description="a writer's lease is taken over when its heartbeat is older than this"
+    )
 
 
 def _sections() -> dict[str, type[StrictModel]]:
@@ -87,7 +93,14 @@ def _env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
             node = node.setdefault(part, {})
             if not isinstance(node, dict):
                 raise ConfigError(f"environment variable {key} conflicts with another override")
-        node[path[-1]] = yaml.safe_load(raw) if raw.strip() else None
+        try:
+            node[path[-1]] = yaml.safe_load(raw) if raw.strip() else None
+        except yaml.YAMLError as exc:
+            problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+            raise ConfigError(
+                f"environment variable {key} is not a valid YAML value ({problem}): {raw!r}",
+                hint=f"fix or unset {key}: write a YAML value (256MiB, 3, true, [a, b]) and quote other text",
+            ) from None
     return tree
 
 

@@ -22,27 +22,39 @@ def tags(*area: str) -> list[str]:
     return ["seedance", *area]
 
 
-def fail_fast(func: F) -> F:
-    """Wrap a task body: a non-retryable SeedanceError fails the task at once, without retries.
+def fail_fast(func: F | None = None, *, retry_on: tuple[type[BaseException], ...] = ()) -> Any:
+    """Wrap a task body in the error boundary shared with the CLI (`boundary.classify`).
 
-    Retrying bad input, a refused dataset or a wrong setting only delays the same error; the
-    message (with its hint) is what the user sees in the task log.
+    A non-retryable error fails the task at once (`AirflowFailException`, no retries): bad input,
+    a refused dataset, a wrong setting, disk full, and any unexpected exception (a bug, or bad
+    data a retry cannot fix), with the same one-line `message` + `hint` the CLI prints. Retryable
+    ones (a SeedanceError with `retryable`, transient storage/network errors: OSError, S3
+    endpoint down or frozen, timeouts; and the `retry_on` types) are re-raised for Airflow to
+    retry. The traceback stays in the task log (logged here, and chained to the failure).
+    Use as `@fail_fast` or `@fail_fast(retry_on=(RuntimeError,))`.
     """
+    if func is None:
+        return functools.partial(fail_fast, retry_on=retry_on)
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        from seedance_tasks.errors import SeedanceError
-
         try:
             return func(*args, **kwargs)
-        except SeedanceError as exc:
-            if exc.retryable:
+        except Exception as exc:
+            from seedance_tasks.boundary import classify
+
+            error = classify(exc)
+            if error.retryable or isinstance(exc, retry_on):
                 raise
+            import logging
+
             from airflow.sdk.exceptions import AirflowFailException
 
-            raise AirflowFailException(str(exc)) from exc
+            logging.getLogger("seedance_tasks.dag").error("task failed (not retried)", exc_info=exc)
+            raise AirflowFailException(f"error: {error}") from exc
 
-    return wrapper  # type: ignore[return-value]
+    wrapper.__seedance_fail_fast__ = True  # type: ignore[attr-defined]
+    return wrapper
 
 
 def mapped_results(results) -> list:
@@ -69,3 +81,15 @@ def read_xcom(dag_run, task_id: str, key: str = "return_value", map_index: int =
             .one_or_none()
         )
         return None if row is None else XComModel.deserialize_value(row)
+
+
+def airflow_lease_holder() -> str:
+    """The lease holder of the running task's DAG run: `airflow:<dag_id>:<run_id>`.
+
+    Every task, map index and retry of one DAG run share it, so a retried task takes back the
+    lease its first attempt held, while another DAG run (or the CLI) is refused.
+    """
+    from airflow.sdk import get_current_context
+
+    context = get_current_context()
+    return f"airflow:{context['dag'].dag_id}:{context['run_id']}"

@@ -45,3 +45,23 @@ class IntegrityError(SeedanceError):
 
     exit_code = 4
     retryable = True  # may be a half-finished write by another process; a later try can succeed
+
+
+class ResourceError(SeedanceError):
+    """The machine or a service refused for good: disk full, name too long, permission denied,
+    access denied, out of memory. A retry of the same task cannot fix it until a person acts."""
+
+    exit_code = 6
+
+
+class UnavailableError(SeedanceError):
+    """A storage endpoint or service is down, frozen, throttling or timing out; names the endpoint."""
+
+    exit_code = 7
+    retryable = True  # transient: a later attempt can succeed
+
+
+class InternalError(SeedanceError):
+    """An unexpected exception: a bug in Seedance (or bad data a retry cannot fix); report it."""
+
+    exit_code = 70  # EX_SOFTWARE

@@ -5,7 +5,8 @@ on local disk by hard-linking a fully written temp file to that name (fails if i
 by a conditional PUT (`If-None-Match: *`). Its holder renews it (a heartbeat thread, every third
 of the TTL) while the work runs. A record whose heartbeat is older than its TTL is stale, and
 anyone may take it over, atomically: on S3 a PUT conditional on the stale record's ETag, locally
-a rename of the stale record to a unique name followed by an exclusive create. A holder that
+a rename of the stale record to a unique name followed by an exclusive create. A record held by
+a process on this host that has died is stale at once. A holder that
 finds another holder's record when it renews has lost the lease (`LeaseLostError`); callers
 check it right before every point of no return.
 
@@ -61,10 +62,13 @@ class LeaseRecord:
     heartbeat_at: datetime
     ttl_s: float
     token: str
+    pid_bound: bool = True  # held by that process; False: kept for the next task of the holder
 
     def stale(self, now: datetime | None = None) -> bool:
-        """True once the heartbeat is older than the TTL: the holder is presumed dead."""
-        return ((now or datetime.now(UTC)) - self.heartbeat_at).total_seconds() > self.ttl_s
+        """True once the heartbeat is older than the TTL, or its process on this host has died."""
+        if ((now or datetime.now(UTC)) - self.heartbeat_at).total_seconds() > self.ttl_s:
+            return True
+        return self.pid_bound and self.host == socket.gethostname() and not _alive(self.pid)
 
     def to_bytes(self) -> bytes:
         data = asdict(self)
@@ -81,7 +85,7 @@ class LeaseRecord:
                 name=str(data["name"]), holder=str(data["holder"]), purpose=str(data.get("purpose", "")),
                 host=str(data.get("host", "?")), pid=int(data.get("pid", 0)),
                 acquired_at=_parse_time(data["acquired_at"]), heartbeat_at=_parse_time(data["heartbeat_at"]),
-                ttl_s=float(data["ttl_s"]), token=str(data["token"]),
+                ttl_s=float(data["ttl_s"]), token=str(data["token"]), pid_bound=bool(data.get("pid_bound", True)),
             )
         except (ValueError, KeyError, TypeError) as exc:
             raise IntegrityError(
@@ -96,6 +100,18 @@ class LeaseRecord:
         return (f"{self.holder} ({self.purpose or 'no purpose given'}) on host {self.host}, pid {self.pid}, "
                 f"since {self.acquired_at.isoformat(timespec='seconds')}, "
                 f"last heartbeat {self.heartbeat_at.isoformat(timespec='seconds')}")
+
+
+def _alive(pid: int) -> bool:
+    if pid <= 0:
+        return True  # unknown: only the TTL decides
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by another user
+        return True
+    return True
 
 
 def _parse_time(value: str) -> datetime:
@@ -257,8 +273,12 @@ class Lease:
         )
         return self.lost
 
-    def renew(self) -> None:
-        """Push the heartbeat forward; LeaseLostError if another holder owns the lease now."""
+    def renew(self, *, pid_bound: bool = True) -> None:
+        """Push the heartbeat forward; LeaseLostError if another holder owns the lease now.
+
+        `pid_bound=False` detaches the record from this process: it then lasts until its TTL
+        even after the process exits (a DAG task handing the lease to the next task).
+        """
         with self._lock:
             if self.lost:
                 raise self.lost
@@ -266,7 +286,8 @@ class Lease:
             current = LeaseRecord.from_bytes(found[0], self.where) if found else None
             if current is None or current.holder != self.record.holder:
                 raise self._lost(current)
-            renewed = replace(current, heartbeat_at=datetime.now(UTC), pid=os.getpid(), host=socket.gethostname())
+            renewed = replace(current, heartbeat_at=datetime.now(UTC), pid=os.getpid(), host=socket.gethostname(),
+                              pid_bound=pid_bound)
             raw = renewed.to_bytes()
             if not self._backend.replace(raw, found[1]):
                 again = self._backend.read()
@@ -293,11 +314,13 @@ class Lease:
 
 
 def acquire(root: Location, name: str, *, holder: str, purpose: str, ttl_s: float | None = None,
-            wait_s: float = 0.0) -> Lease:
+            wait_s: float = 0.0, detached: bool = False) -> Lease:
     """Take the lease `name` of `root` for `holder`, or raise LeaseHeldError naming who has it.
 
-    Re-entrant for the same holder; a stale record (heartbeat older than its TTL) is taken over
-    atomically. With `wait_s` > 0, waits up to that long for the holder to finish.
+    Re-entrant for the same holder; a stale record (heartbeat older than its TTL, or its process
+    dead on this host) is taken over atomically. With `wait_s` > 0, waits up to that long for the
+    holder to finish. `detached=True` makes the lease outlive this process until its TTL (a DAG
+    task that hands it to the next task of its run); else it dies with the process.
     """
     ttl_s = default_ttl() if ttl_s is None else float(ttl_s)
     backend = _backend(root, name)
@@ -306,7 +329,7 @@ def acquire(root: Location, name: str, *, holder: str, purpose: str, ttl_s: floa
     while True:
         now = datetime.now(UTC)
         record = LeaseRecord(name, holder, purpose, socket.gethostname(), os.getpid(), now, now, ttl_s,
-                             secrets.token_hex(8))
+                             secrets.token_hex(8), pid_bound=not detached)
         raw = record.to_bytes()
         faults.point("lease.acquire")
         found = backend.read()
@@ -344,7 +367,8 @@ def holding(root: Location, name: str, *, holder: str, purpose: str, ttl_s: floa
     """Hold the lease for the block, renewing it every third of its TTL; release it on exit.
 
     With release=False the lease is kept when the block ends (the next task of the same DAG run
-    takes it back); it expires by its TTL if nobody does.
+    takes it back); it expires by its TTL if nobody does. A lease still bound to its process is
+    stale as soon as that process has died on this host (a killed CLI run blocks nobody).
     """
     held = acquire(root, name, holder=holder, purpose=purpose, ttl_s=ttl_s, wait_s=wait_s)
     stop = threading.Event()
@@ -368,6 +392,11 @@ def holding(root: Location, name: str, *, holder: str, purpose: str, ttl_s: floa
         thread.join()
         if release:
             held.release()
+        elif not held.lost:
+            try:
+                held.renew(pid_bound=False)
+            except LeaseLostError:
+                pass
 
 
 def current(root: Location, name: str) -> LeaseRecord | None:

@@ -81,6 +81,7 @@ def plan_task(params: dict, run_id: str | None = None) -> dict:
     }
 
 
+@fail_fast(retry_on=(RuntimeError,))  # a failed job is retried: it resumes from its checkpoint
 def launch_task(planned: dict, params: dict) -> dict:
     """Run the job, streaming its output into the task log; raise (fail the task) if it fails."""
     from seedance_tasks.training.launch import launch

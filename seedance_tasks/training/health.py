@@ -52,6 +52,88 @@ _FORCED_RE = re.compile(r"\b(NCCL_ALGO|NCCL_PROTO)=(\S+)")
 _LAUNCH_RE = re.compile(r"^\$ .*torch\.distributed\.run")  # the header `seedance train launch` writes
 _SATURATION_BYTES = 256 * 1024**2  # all_reduce busbw keeps rising below this on NVLink machines
 
+# Every NCCL WARN line and NCCL error code lands in one of these classes, and each class reaches
+# the verdict. (class, status, pattern, cause, fix); the first matching pattern wins, and a WARN
+# no pattern knows is the class `other` (a warning quoting the line).
+_WARN_CLASSES: tuple[tuple[str, str, re.Pattern[str], str, str], ...] = (
+    ("ib_completion", "failed",
+     re.compile(r"NET/IB\w* ?: Got completion from peer .*?(?:status=|error )(?P<status>\d+)"),
+     "InfiniBand/RoCE work completion error from a peer (status {status}: 12 = transport retries exceeded, "
+     "5 = flushed after an earlier error): the link dropped or flapped, or the peer process died",
+     "check the links on both nodes (ibstat, ibv_devinfo, the switch port counters), the peer rank's own log, "
+     "NCCL_IB_GID_INDEX for RoCE, and NCCL_IB_TIMEOUT / NCCL_IB_RETRY_CNT"),
+    ("ib_setup", "failed",
+     re.compile(r"NET/IB\w* ?: .*(?:Unable to|failed|No device)|Call to ibv_\w+ failed|ibv_\w+ failed"),
+     "InfiniBand setup failed (opening the device, registering memory or creating/modifying a queue pair)",
+     "raise the locked-memory limit (ulimit -l unlimited, the container's memlock), load nvidia-peermem, "
+     "check /dev/infiniband is visible in the container and NCCL_IB_HCA names existing devices"),
+    ("interface", "failed",
+     re.compile(r"(?:Bootstrap|NET/Socket) ?: no (?:socket )?interface found|no usable interface|"
+                r"NCCL_SOCKET_IFNAME", re.IGNORECASE),
+     "NCCL found no usable network interface for bootstrap/sockets",
+     "set NCCL_SOCKET_IFNAME to the interface that reaches the other nodes (ip -br addr), e.g. eth0 or ^lo,docker"),
+    ("socket", "failed",
+     re.compile(r"NET/Socket|socket\w*|Connection (?:closed|refused|reset|timed out)|remote peer|"
+                r"Broken pipe|bootstrap", re.IGNORECASE),
+     "a TCP connection between ranks failed (closed, refused or reset): usually a peer process that died "
+     "or was killed first, else a firewall or the wrong interface",
+     "read the log of the rank that died first (its own error is the cause); check that the nodes reach "
+     "each other on NCCL_SOCKET_IFNAME and that no firewall blocks the ports"),
+    ("shm", "failed",
+     re.compile(r"shared memory|/dev/shm|shm_open|\bshm\w*", re.IGNORECASE),
+     "NCCL could not create a shared-memory segment under /dev/shm (too small in a container)",
+     "give the container more /dev/shm (docker --shm-size=16g or --ipc=host; Kubernetes: an emptyDir of "
+     "medium Memory on /dev/shm), or NCCL_SHM_DISABLE=1 at some speed cost"),
+    ("cuda", "failed",
+     re.compile(r"Cuda failure|CUDA error|cuda\w*Error|\bcu[A-Z]\w+ failed", re.IGNORECASE),
+     "a CUDA call inside NCCL failed ({detail})",
+     "out of memory: lower the batch size or NCCL_BUFFSIZE; an illegal address: rerun with "
+     "CUDA_LAUNCH_BLOCKING=1 to find the kernel; check nvidia-smi and dmesg for Xid errors"),
+    ("timeout", "failed",
+     re.compile(r"[Tt]imeout|timed out"),
+     "NCCL timed out waiting for a peer or an operation",
+     "find the rank that never arrived (its own log); rerun with TORCH_NCCL_DESYNC_DEBUG=1"),
+)
+_NCCL_ERROR_RE = re.compile(
+    r"\b(?P<code>ncclSystemError|ncclUnhandledCudaError|ncclRemoteError|ncclInternalError|ncclInvalidUsage|"
+    r"ncclInvalidArgument)\b|NCCL error[^,]*, (?P<text>unhandled (?:system|cuda) error|"
+    r"remote process exited or there was a network error|internal error|invalid usage|invalid argument)"
+)
+_NCCL_ERROR_CLASSES = {  # code: (class, cause, fix)
+    "ncclSystemError": ("nccl_system_error", "NCCL reported a system error (a socket, malloc, /dev/shm or "
+                        "InfiniBand call failed)", "rerun with NCCL_DEBUG=INFO and read the NCCL WARN line before "
+                        "it: it names the failing call"),
+    "ncclUnhandledCudaError": ("nccl_cuda_error", "NCCL reported an unhandled CUDA error",
+                               "check for out-of-memory and Xid errors (nvidia-smi, dmesg); rerun with "
+                               "CUDA_LAUNCH_BLOCKING=1"),
+    "ncclRemoteError": ("nccl_remote_error", "NCCL reported a remote error: a peer process exited early or the "
+                        "network failed", "read the log of the rank that exited first; check the links"),
+    "ncclInternalError": ("nccl_internal_error", "NCCL reported an internal error",
+                          "check that every rank runs the same NCCL version; upgrade NCCL if it persists"),
+    "ncclInvalidUsage": ("nccl_invalid_usage", "NCCL reported invalid usage (a mismatch between ranks: "
+                         "different sizes, dtypes or collectives, or a communicator used after abort)",
+                         "make every rank issue the same collectives with the same shapes and dtypes"),
+    "ncclInvalidArgument": ("nccl_invalid_argument", "NCCL reported an invalid argument (a bad pointer, count "
+                            "or device)", "check the tensors passed to the collective are on the rank's GPU"),
+}
+_NCCL_ERROR_TEXT = {"unhandled system error": "ncclSystemError", "unhandled cuda error": "ncclUnhandledCudaError",
+                    "remote process exited or there was a network error": "ncclRemoteError",
+                    "internal error": "ncclInternalError", "invalid usage": "ncclInvalidUsage",
+                    "invalid argument": "ncclInvalidArgument"}
+_CUDA_DETAIL_RE = re.compile(r"Cuda failure (?:\d+ )?'?(?P<what>[^']+)'?")
+
+
+def classify_warning(text: str) -> dict[str, str]:
+    """The class of one NCCL WARN message: {class, status, cause, fix}; `other` when none matches."""
+    for name, status, pattern, cause, fix in _WARN_CLASSES:
+        if match := pattern.search(text):
+            detail = _CUDA_DETAIL_RE.search(text)
+            return {"class": name, "status": status, "fix": fix,
+                    "cause": cause.format(status=match.groupdict().get("status") or "?",
+                                          detail=(detail["what"].strip() if detail else text.strip()))}
+    return {"class": "other", "status": "warning", "cause": f"NCCL warning: {text.strip()}",
+            "fix": "read the NCCL INFO lines around it (NCCL_DEBUG=INFO) for the call that failed"}
+
 
 def _transport(via: str) -> str:
     """`NET/IB/0/GDRDMA` -> `NET/IB/GDRDMA`, `P2P/direct pointer/read` -> `P2P/direct pointer/read`."""
@@ -74,6 +156,7 @@ def parse_nccl_log(text: str) -> dict[str, Any]:
     algorithms: Counter[str] = Counter()
     comms: dict[int, dict[str, int]] = {}
     warnings: list[str] = []
+    nccl_errors: list[str] = []
     init_complete = 0
     forced: dict[str, str] = {}
     nccl_lines = 0
@@ -123,6 +206,10 @@ def parse_nccl_log(text: str) -> dict[str, Any]:
             init_complete += 1
         if match := _WARN_RE.search(line):
             warnings.append(match.group(1).strip())
+        for match in _NCCL_ERROR_RE.finditer(line):
+            code = match["code"] or _NCCL_ERROR_TEXT[match["text"].lower()]
+            if code not in nccl_errors:
+                nccl_errors.append(code)
         for name, value in _FORCED_RE.findall(line):
             forced[name] = value
     failures = parse_failures(lines)
@@ -141,6 +228,7 @@ def parse_nccl_log(text: str) -> dict[str, Any]:
         "comms": {str(rank): info for rank, info in sorted(comms.items())},
         "init_complete": init_complete,
         "nccl_warnings": warnings,
+        "nccl_errors": nccl_errors,
         "failures": failures,
     }
 
@@ -195,8 +283,8 @@ def parse_nccl_tests(text: str) -> dict[str, Any]:
 def _verdict(log: dict[str, Any], perf: dict[str, Any], expected_busbw: float | None) -> dict[str, Any]:
     findings: list[dict[str, str]] = []
 
-    def add(status: str, cause: str, fix: str) -> None:
-        findings.append({"status": status, "cause": cause, "fix": fix})
+    def add(status: str, cause: str, fix: str, kind: str | None = None) -> None:
+        findings.append({"status": status, "cause": cause, "fix": fix, **({"class": kind} if kind else {})})
 
     for failure in log["failures"][:1]:
         where = f"rank {failure['rank']} (local rank {failure['local_rank']}" + (
@@ -251,6 +339,19 @@ def _verdict(log: dict[str, Any], perf: dict[str, Any], expected_busbw: float | 
             "those GPUs (different CPU sockets / PCIe root complexes)",
             "expected on PCIe machines across NUMA nodes; keep each rank bound to its GPU's NUMA node "
             "(the plan does) and prefer NVLink machines for large all-reduces")
+    classes: dict[str, dict[str, Any]] = {}  # one finding per class, counting its lines
+    for text in log["nccl_warnings"]:
+        found = classify_warning(text)
+        entry = classes.setdefault(found["class"] if found["class"] != "other" else f"other:{text}",
+                                   {**found, "lines": 0, "example": text})
+        entry["lines"] += 1
+    for entry in classes.values():
+        count = f" ({entry['lines']} NCCL WARN lines, e.g. {entry['example'][:160]!r})" if entry["lines"] > 1 else (
+            f" (NCCL WARN {entry['example'][:160]!r})" if entry["class"] != "other" else "")
+        add(entry["status"], entry["cause"] + count, entry["fix"], kind=entry["class"])
+    for code in log["nccl_errors"]:
+        name, cause, fix = _NCCL_ERROR_CLASSES[code]
+        add("failed", f"{cause} ({code})", fix, kind=name)
     for name, value in log["forced"].items():
         add("warning", f"{name}={value} is forced: a debugging knob that overrides NCCL's tuning",
             f"remove {name} unless the platform's vendor prescribes it")
@@ -307,6 +408,7 @@ def report(text: str, *, expected_busbw: float | None = None) -> dict[str, Any]:
         "comms": log["comms"],
         "init_complete": log["init_complete"],
         "nccl_warnings": log["nccl_warnings"],
+        "nccl_errors": log["nccl_errors"],
         "failures": log["failures"],
         "bandwidth": {
             "rows": [

@@ -51,8 +51,32 @@ def result_of(process: subprocess.CompletedProcess):
     return json.loads(process.stdout.strip().splitlines()[-1])
 
 
+def call_in_process(target: str, kwargs: dict, *, fault_at: int | None = None, match: str | None = None):
+    """Call `module:function(**kwargs)` here, optionally with a transient fault armed (mode "raise").
+
+    A raised fault needs no fresh process, and a retry is a plain second call: much cheaper than
+    `run_task` for the raise-mode half of a chaos suite.
+    """
+    import importlib
+
+    from seedance_tasks import faults
+
+    module_name, _, function_name = target.partition(":")
+    function = getattr(importlib.import_module(module_name), function_name)
+    if fault_at is None:
+        return function(**kwargs)
+    with faults.armed(at=fault_at, mode="raise", match=match):
+        return function(**kwargs)
+
+
 def points_hit(target: str, kwargs: dict, *, match: str | None = None, env: dict | None = None) -> list[str]:
     """The fault points one clean run of the task passes, in order (the run must succeed)."""
+    if env is None:
+        from seedance_tasks import faults
+
+        with faults.tracing(match=match) as names:
+            call_in_process(target, kwargs)
+        return names
     with tempfile.NamedTemporaryFile("r", suffix=".trace", delete=False) as trace:
         path = trace.name
     try:

@@ -142,3 +142,26 @@ def test_a_holder_killed_mid_run_is_taken_over_after_its_ttl(tmp_path):
     taken = lease.acquire(root, "dataset", holder="run-next", purpose="x", ttl_s=30)
     assert lease.current(root, "dataset").holder == "run-next"
     taken.release()
+
+
+def test_a_killed_cli_run_blocks_nobody_but_a_detached_lease_waits_for_its_ttl(tmp_path):
+    """A lease bound to a dead process on this host is stale at once; a detached one lasts its TTL."""
+    root = storage.resolve(tmp_path)
+    code = (
+        "import sys; from seedance_tasks import lease, storage\n"
+        f"lease.acquire(storage.resolve({str(tmp_path)!r}), sys.argv[1], holder='gone', purpose='x', ttl_s=600,"
+        " detached=sys.argv[2] == 'detached')\n"
+    )
+    subprocess.run([sys.executable, "-c", code, "bound", "bound"], check=True)
+    subprocess.run([sys.executable, "-c", code, "kept", "detached"], check=True)
+    lease.acquire(root, "bound", holder="next", purpose="x", ttl_s=60).release()
+    with pytest.raises(lease.LeaseHeldError, match="gone"):
+        lease.acquire(root, "kept", holder="next", purpose="x", ttl_s=60)
+    lease.acquire(root, "kept", holder="gone", purpose="x", ttl_s=60).release()  # its own DAG run takes it back
+
+
+def test_holding_without_release_hands_the_lease_on(tmp_path):
+    root = storage.resolve(tmp_path)
+    with lease.holding(root, "dataset", holder="airflow:d:r", purpose="plan", ttl_s=60, release=False):
+        pass
+    assert lease.current(root, "dataset").pid_bound is False

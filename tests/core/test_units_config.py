@@ -85,3 +85,21 @@ def test_small_file_size_above_target_is_refused():
 def test_missing_explicit_config_file_is_an_error(tmp_path):
     with pytest.raises(ConfigError, match="not found"):
         load_settings(tmp_path / "nope.yaml", environ={})
+
+
+@pytest.mark.parametrize("raw", ["[1,", "{a: 1", "key: [unclosed", "'open quote", "@reserved"])
+def test_malformed_yaml_in_an_env_override_names_the_variable(raw):
+    with pytest.raises(ConfigError) as info:
+        load_settings(environ={"SEEDANCE__COMPACTION__TARGET_FILE_SIZE": raw})
+    assert "SEEDANCE__COMPACTION__TARGET_FILE_SIZE" in info.value.message
+    assert "YAML" in info.value.message and info.value.hint
+
+
+def test_s3_timeouts_and_attempts_have_defaults_and_overrides():
+    s3 = load_settings(environ={}).storage.s3
+    assert (s3.connect_timeout, s3.request_timeout, s3.max_attempts) == (5, 30, 4)
+    s3 = load_settings(environ={"SEEDANCE__STORAGE__S3__REQUEST_TIMEOUT": "2m",
+                                "SEEDANCE__STORAGE__S3__MAX_ATTEMPTS": "2"}).storage.s3
+    assert (s3.request_timeout, s3.max_attempts) == (120, 2)
+    with pytest.raises(ConfigError, match="max_attempts"):
+        load_settings(environ={"SEEDANCE__STORAGE__S3__MAX_ATTEMPTS": "0"})

@@ -141,3 +141,64 @@ def test_torchrun_failure_summary_and_the_last_launch_of_a_log():
     relaunched = health.report(FAILURE + FAILURE.splitlines()[0] + "\n[rank0] resumed from checkpoint step 2\n")
     assert relaunched["launches"] == 2 and relaunched["failures"] == []  # judged on the last launch
     assert relaunched["verdict"]["status"] == "unknown"
+
+
+WARN_LOGS = DATA / "training" / "nccl_warn"
+# one log per class of NCCL WARN line / NCCL error code: (file, class, words the verdict's cause must hold)
+WARN_CASES = [
+    ("ib_completion_error.log", "ib_completion", "status 12"),
+    ("ib_setup_failure.log", "ib_setup", "InfiniBand setup failed"),
+    ("no_socket_interface.log", "interface", "no usable network interface"),
+    ("socket_connection_closed.log", "socket", "TCP connection between ranks failed"),
+    ("shm_segment_failure.log", "shm", "/dev/shm"),
+    ("cuda_failure_oom.log", "cuda", "out of memory"),
+    ("timeout_warning.log", "timeout", "timed out"),
+    ("other_warning.log", "other", "Unexpected topology attribute 'foo' ignored"),
+    ("torch_nccl_system_error.log", "nccl_system_error", "ncclSystemError"),
+    ("torch_nccl_remote_error.log", "nccl_remote_error", "ncclRemoteError"),
+    ("torch_nccl_cuda_error.log", "nccl_cuda_error", "ncclUnhandledCudaError"),
+    ("torch_nccl_invalid_usage.log", "nccl_invalid_usage", "ncclInvalidUsage"),
+    ("torch_nccl_internal_error.log", "nccl_internal_error", "ncclInternalError"),
+    ("torch_nccl_invalid_argument.log", "nccl_invalid_argument", "ncclInvalidArgument"),
+]
+
+
+def test_every_warn_class_has_a_log_and_a_case():
+    assert {path.name for path in WARN_LOGS.iterdir()} == {name for name, _, _ in WARN_CASES}
+    classes = {name for name, *_ in health._WARN_CLASSES} | {"other"}
+    classes |= {name for name, _, _ in health._NCCL_ERROR_CLASSES.values()}
+    assert classes == {kind for _, kind, _ in WARN_CASES}
+
+
+@pytest.mark.parametrize(("name", "kind", "words"), WARN_CASES, ids=[case[1] for case in WARN_CASES])
+def test_every_warn_and_error_class_reaches_the_verdict(name, kind, words):
+    r = health.report((WARN_LOGS / name).read_text())
+    verdict = r["verdict"]
+    assert verdict["status"] == ("warning" if kind == "other" else "failed")
+    mine = [item for item in verdict["findings"] if item.get("class") == kind]
+    assert mine, verdict["findings"]
+    assert words in mine[0]["cause"] and mine[0]["fix"]
+    assert verdict["cause"] == mine[0]["cause"]  # it is what the verdict leads with
+
+
+def test_ib_completion_warn_is_not_ok_on_an_otherwise_healthy_log():
+    r = report("nccl_info_2node_ib_gdrdma_init_complete_nccl429.log")
+    assert r["verdict"]["status"] == "ok"
+    warn = (WARN_LOGS / "ib_completion_error.log").read_text().splitlines()[4]
+    worse = health.report((LOGS / "nccl_info_2node_ib_gdrdma_init_complete_nccl429.log").read_text() + "\n" + warn)
+    assert worse["verdict"]["status"] == "failed"
+    assert "InfiniBand/RoCE work completion error" in worse["verdict"]["cause"]
+    assert not any("without timeouts or warnings" in item["cause"] for item in worse["verdict"]["findings"])
+
+
+def test_warn_lines_of_one_class_are_one_finding_with_a_count():
+    r = health.report((WARN_LOGS / "ib_completion_error.log").read_text())
+    assert len(r["nccl_warnings"]) == 2
+    ib = [item for item in r["verdict"]["findings"] if item.get("class") == "ib_completion"]
+    assert len(ib) == 1 and "2 NCCL WARN lines" in ib[0]["cause"]
+
+
+def test_cli_health_exits_with_the_failed_verdict_text():
+    result = CliRunner().invoke(app, ["train", "health", str(WARN_LOGS / "socket_connection_closed.log")])
+    assert "TCP connection between ranks failed" in result.output
+    assert "ok: NCCL initialised" not in result.output

@@ -1,0 +1,178 @@
+"""Every DAG task goes through `dag_support.fail_fast`, and its classification: fail at once on what a
+retry cannot fix, let Airflow retry the transient rest, with the same one-line message as the CLI."""
+
+from __future__ import annotations
+
+import ast
+import errno
+import importlib
+import inspect
+import socket
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from airflow.sdk.exceptions import AirflowFailException
+
+from seedance_tasks import boundary, errors
+from seedance_tasks.dag_support import fail_fast
+from tests.conftest import REPO
+
+TASK_MODULES = sorted(
+    f"seedance_tasks.{path.parent.name}.airflow_tasks" for path in (REPO / "seedance_tasks").glob("*/airflow_tasks.py")
+)
+
+
+def test_there_are_task_modules_for_every_dag():
+    assert len(TASK_MODULES) >= 6  # compaction, preprocess, training, checkpoint, lifecycle, cost
+
+
+@pytest.mark.parametrize("module_name", TASK_MODULES)
+def test_every_task_adapter_is_wrapped_in_fail_fast(module_name):
+    module = importlib.import_module(module_name)
+    tasks = [name for name, value in vars(module).items()
+             if inspect.isfunction(value) and name.endswith("_task") and value.__module__ == module_name]
+    assert tasks, f"{module_name} has no *_task adapters"
+    unwrapped = [name for name in tasks if not getattr(getattr(module, name), "__seedance_fail_fast__", False)]
+    assert unwrapped == [], f"{module_name}: not wrapped in @fail_fast: {unwrapped}"
+
+
+def _task_functions(tree: ast.AST):
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef):
+            for deco in node.decorator_list:
+                target = deco.func if isinstance(deco, ast.Call) else deco
+                if isinstance(target, ast.Name) and target.id == "task":
+                    yield node
+
+
+@pytest.mark.parametrize("dag_file", sorted((REPO / "dags").glob("seedance_*.py")), ids=lambda p: p.stem)
+def test_dag_tasks_reach_the_library_only_through_fail_fast_adapters(dag_file):
+    """A task body may import `airflow_tasks` (wrapped adapters) and cheap `storage` helpers, nothing
+    else of seedance_tasks: that would bypass the boundary (the cost DAG used to call its stages raw)."""
+    bypass = []
+    for func in _task_functions(ast.parse(dag_file.read_text())):
+        for node in ast.walk(func):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("seedance_tasks"):
+                names = {alias.name for alias in node.names}
+                if node.module != "seedance_tasks.dag_support" and not names <= {"airflow_tasks", "storage"}:
+                    bypass.append(f"{func.name}: from {node.module} import {', '.join(sorted(names))}")
+    assert bypass == []
+
+
+# ------------------------------------------------------------------------- classification
+
+
+def _run(exc: BaseException, **kwargs):
+    @fail_fast(**kwargs)
+    def body():
+        raise exc
+
+    return body
+
+
+def test_a_non_retryable_seedance_error_fails_at_once_with_its_hint():
+    with pytest.raises(AirflowFailException) as info:
+        _run(errors.InputError("row 7 of bill.csv: bad cost 'x'", hint="fix the row"))()
+    assert str(info.value) == "error: row 7 of bill.csv: bad cost 'x'\n  hint: fix the row"
+    assert isinstance(info.value.__cause__, errors.InputError)  # the traceback stays in the task log
+
+
+def test_a_retryable_seedance_error_is_left_to_airflow():
+    with pytest.raises(errors.IntegrityError):
+        _run(errors.IntegrityError("half-written manifest"))()
+
+
+def test_an_unreachable_endpoint_is_retried():
+    with pytest.raises(ConnectionRefusedError) as refused:  # nothing listens on a port just freed
+        socket.create_connection(("127.0.0.1", _closed_port()), timeout=2)
+    assert boundary.classify(refused.value).retryable
+    with pytest.raises(ConnectionRefusedError):
+        _run(refused.value)()
+
+
+def test_a_bug_fails_at_once_with_the_cli_message():
+    with pytest.raises(AirflowFailException) as info:
+        _run(ZeroDivisionError("division by zero"))()
+    assert str(info.value).startswith("error: unexpected ZeroDivisionError: division by zero")
+    assert boundary.BUG_HINT in str(info.value)
+    assert isinstance(info.value.__cause__, ZeroDivisionError)
+
+
+def test_retry_on_keeps_a_type_retryable():
+    with pytest.raises(RuntimeError):
+        _run(RuntimeError("training job failed"), retry_on=(RuntimeError,))()
+
+
+def test_bad_data_from_arrow_is_not_retried(tmp_path):
+    path = tmp_path / "part-0.parquet"
+    path.write_bytes(b"not parquet at all")
+    with pytest.raises(pa.ArrowInvalid) as raised:
+        pq.read_table(path)
+    error = boundary.classify(raised.value)
+    assert isinstance(error, errors.InputError) and not error.retryable
+    assert "ArrowInvalid" in error.message and error.hint
+
+
+@pytest.mark.parametrize(("exc", "kind", "words", "retryable"), [
+    (OSError(errno.ENOSPC, "No space left on device", "/lake/_x.parquet"), errors.ResourceError,
+     "no space left on the device: /lake/_x.parquet", False),
+    (OSError(errno.ENAMETOOLONG, "File name too long", "/lake/" + "a" * 300), errors.ResourceError,
+     "file name too long", False),
+    (PermissionError(errno.EACCES, "Permission denied", "/lake/p"), errors.ResourceError,
+     "permission denied: /lake/p", False),
+    (KeyError("Tags"), errors.InputError, "missing key or column 'Tags'", False),
+    (MemoryError(), errors.ResourceError, "out of memory", False),
+    (TimeoutError("timed out"), errors.UnavailableError, "timed out", True),
+    (OSError("When getting information for key 'x' in bucket 'b': AWS Error NETWORK_CONNECTION during HeadObject "
+             "operation: curlCode: 7, Could not connect to server"), errors.UnavailableError,
+     "Could not connect to server (curl code 7)", True),
+    (OSError("AWS Error ACCESS_DENIED during HeadObject operation: No response body."), errors.ResourceError,
+     "access denied by S3", False),
+    (ValueError("bad"), errors.InternalError, "unexpected ValueError: bad", False),
+])
+def test_classification(exc, kind, words, retryable):
+    error = boundary.classify(exc)
+    assert type(error) is kind
+    assert words in error.message
+    assert error.retryable is retryable and error.hint
+    assert "\n" not in error.message
+
+
+def test_exit_codes_are_distinct_and_meaningful():
+    codes = {cls.exit_code for cls in (errors.ResourceError, errors.UnavailableError, errors.InternalError)}
+    assert codes == {6, 7, 70}
+    assert errors.InternalError("x").exit_code == 70
+
+
+def test_a_real_disk_full_is_classified(tmp_path):
+    try:
+        with open("/dev/full", "wb") as sink:
+            sink.write(b"x" * 65536)
+            sink.flush()
+    except FileNotFoundError:
+        pytest.skip("no /dev/full here")
+    except OSError as real:
+        assert real.errno == errno.ENOSPC
+        assert isinstance(boundary.classify(real), errors.ResourceError)
+        with pytest.raises(AirflowFailException, match="no space left"):
+            _run(real)()
+    else:
+        pytest.fail("writing to /dev/full succeeded")
+
+
+def test_botocore_endpoint_errors_name_the_endpoint(monkeypatch):
+    from botocore.exceptions import ConnectTimeoutError, EndpointConnectionError
+
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
+    for exc in (EndpointConnectionError(endpoint_url="http://127.0.0.1:9/b"),
+                ConnectTimeoutError(endpoint_url="http://127.0.0.1:9/b")):
+        error = boundary.classify(exc)
+        assert isinstance(error, errors.UnavailableError) and error.retryable
+        assert "http://127.0.0.1:9" in error.message and "check that" in error.hint
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
