@@ -57,6 +57,12 @@ PREPROCESSED_SHARDS = Asset(name="seedance_preprocessed_shards", uri="seedance:/
         ),
         "seed": Param(0, type="integer", minimum=0, title="Shuffle seed", description="Seed of the shuffle.",
                       section="Shards"),
+        "check_decode": Param(
+            True, type="boolean", title="Check that images decode",
+            description="Decode every image member (jpg, png, webp...) at build and verify, as readers will: "
+            "a sample that does not decode is rejected at build (and listed), a shard holding one fails verify.",
+            section="Shards",
+        ),
         "image_size": Param(
             224, type="integer", minimum=8, maximum=4096, title="Image size",
             description="Outputs are uint8 arrays of shape (3, size, size).", section="Preprocessing",
@@ -84,11 +90,11 @@ def seedance_preprocess():
         return airflow_tasks.build_task(params)
 
     @task(multiple_outputs=False)
-    def verify_shards(built: dict) -> dict:
-        """Every tar readable and safe, counts and checksums as the index says; fails otherwise."""
+    def verify_shards(built: dict, params: dict | None = None) -> dict:
+        """Every tar complete, readable and safe, images decodable, counts and checksums as the index says."""
         from seedance_tasks.preprocess import airflow_tasks
 
-        return airflow_tasks.verify_task(built)
+        return airflow_tasks.verify_task(built, params)
 
     @task
     def plan(built: dict, verified: dict, params: dict | None = None) -> list[dict]:

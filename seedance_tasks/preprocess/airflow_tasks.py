@@ -2,6 +2,12 @@
 
 Kept here (not in the DAG file) so they are testable without Airflow and the DAG file stays cheap
 to parse. Each returns JSON-able summaries for XCom: URIs and counts, never data.
+
+Every task that writes holds the `dataset` lease of what it writes as the DAG run
+(`dag_support.airflow_lease_holder()`): a retried task, and the mapped preprocess tasks of one
+run, share it; another DAG run, a second deployment or the CLI writing the same output is
+refused naming the holder (retryable: the task is retried once the holder is done). The
+preprocess output's lease is kept between tasks and released by `finalize`.
 """
 
 from __future__ import annotations
@@ -16,7 +22,9 @@ def _settings(params: dict[str, Any]):
     from seedance_tasks.config import load_settings, settings_with
 
     settings = load_settings()
-    shards = settings_with(settings, "shards", shard_size=params.get("shard_size") or None)
+    check_decode = params.get("check_decode")
+    shards = settings_with(settings, "shards", shard_size=params.get("shard_size") or None,
+                           check_decode=None if check_decode is None else bool(check_decode))
     preprocess = settings_with(
         settings, "preprocess",
         size=params.get("image_size") or None,
@@ -42,6 +50,7 @@ def locations(params: dict[str, Any]) -> dict[str, str]:
 @fail_fast
 def build_task(params: dict[str, Any]) -> dict[str, Any]:
     """Build shards from the source (a no-op if they are up to date, or if the source is shards)."""
+    from seedance_tasks.dag_support import airflow_lease_holder
     from seedance_tasks.shards.build import build
 
     where = locations(params)
@@ -49,18 +58,21 @@ def build_task(params: dict[str, Any]) -> dict[str, Any]:
         return {**where, "built": False, "rejected": 0}
     shard_settings, _ = _settings(params)
     result = build(where["source"], where["shards"], settings=shard_settings,
-                   shuffle=bool(params.get("shuffle")), seed=int(params.get("seed") or 0))
+                   shuffle=bool(params.get("shuffle")), seed=int(params.get("seed") or 0),
+                   holder=airflow_lease_holder())
     return {**where, "built": not result["up_to_date"], "shard_count": result["shards"],
             "samples": result["samples"], "rejected": len(result["rejected"]), "report": result.get("report"),
             "mb_per_s": None if result["up_to_date"] else result.get("mb_per_s")}
 
 
 @fail_fast
-def verify_task(built: dict[str, Any]) -> dict[str, Any]:
+def verify_task(built: dict[str, Any], params: dict[str, Any] | None = None) -> dict[str, Any]:
     """Verify the shards; fails the task (RefusedError/IntegrityError) on any problem."""
     from seedance_tasks.shards.verify import raise_for_problems, verify
 
-    report = verify(built["shards"])
+    shard_settings, _ = _settings(params or {})
+    report = verify(built["shards"], check_decode=shard_settings.check_decode,
+                    max_member_size=int(shard_settings.max_member_size))
     raise_for_problems(report)
     return {"shards": report["shards"], "samples": report["samples"], "bytes": report["bytes"], "ok": report["ok"]}
 
@@ -68,12 +80,15 @@ def verify_task(built: dict[str, Any]) -> dict[str, Any]:
 @fail_fast
 def plan_task(built: dict[str, Any], params: dict[str, Any]) -> list[dict[str, Any]]:
     """Finish interrupted preprocess runs on the output, then split the shards into groups to map over."""
-    from seedance_tasks import journal, storage
-    from seedance_tasks.preprocess.run import JOURNAL_KIND
+    from seedance_tasks import journal, lease, storage
+    from seedance_tasks.dag_support import airflow_lease_holder
+    from seedance_tasks.preprocess.run import JOURNAL_KIND, LEASE_NAME
     from seedance_tasks.shards.index import resolve_shards
 
     _, settings = _settings(params)
-    journal.recover(storage.resolve(built["out"]), JOURNAL_KIND)
+    out = storage.resolve(built["out"])
+    with lease.holding(out, LEASE_NAME, holder=airflow_lease_holder(), purpose="seedance_preprocess", release=False):
+        journal.recover(out, JOURNAL_KIND)  # no sibling runs yet: every earlier run's journals
     names = [shard.name for shard in resolve_shards(built["shards"]).shards]
     step = settings.shards_per_group
     return [{"shards": built["shards"], "out": built["out"], "names": names[i : i + step]}
@@ -83,11 +98,12 @@ def plan_task(built: dict[str, Any], params: dict[str, Any]) -> list[dict[str, A
 @fail_fast
 def preprocess_group_task(group: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
     """Preprocess one group of shards (finished shards are skipped, so a retry redoes only the rest)."""
+    from seedance_tasks.dag_support import airflow_lease_holder
     from seedance_tasks.preprocess.run import run
 
     _, settings = _settings(params)
     result = run(group["shards"], group["out"], settings=settings, only=group["names"], recover=False,
-                 finalize_index=False)
+                 finalize_index=False, holder=airflow_lease_holder(), release_lease=False)
     return {key: result.get(key) for key in ("shards", "skipped", "samples_in", "samples_out", "samples_per_s",
                                              "stage_shares", "io_workers", "cpu_workers")} | {
         "failed": result["failed"][:100], "failed_count": len(result["failed"])}
@@ -95,10 +111,11 @@ def preprocess_group_task(group: dict[str, Any], params: dict[str, Any]) -> dict
 
 @fail_fast
 def finalize_task(built: dict[str, Any], results: list[dict[str, Any]]) -> dict[str, Any]:
-    """Write the output index and one summary of the run."""
+    """Write the output index and one summary of the run; releases the output's lease."""
+    from seedance_tasks.dag_support import airflow_lease_holder
     from seedance_tasks.preprocess.run import finalize
 
-    index = finalize(built["out"])
+    index = finalize(built["out"], holder=airflow_lease_holder())
     rates = [r["samples_per_s"] for r in results if r.get("samples_per_s")]
     return {
         "shards_uri": built["shards"], "out": built["out"], "index": index["index"],

@@ -19,20 +19,25 @@ def run_command(
     size: int = typer.Option(None, min=8, help="output arrays are uint8 (3, SIZE, SIZE) [config: 224]"),
     io_workers: int = typer.Option(None, min=1, help="I/O threads [default: from a short measurement]"),
     cpu_workers: int = typer.Option(None, min=1, help="CPU worker processes [default: one per core]"),
+    wait: str = typer.Option(None, "--wait", help="if another run is writing OUT, wait up to this long, e.g. 10m"),
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Decode, resize and convert every image sample into OUT as KEY.npy shards (plus the other members).
 
     Every input sample comes out exactly once: in the output, or in the failed list with its
     shard, key and reason. Outputs are published only when the run completes; a hostile tar is
-    refused before anything is written. Finished shards are skipped on a rerun.
+    refused before anything is written. Finished shards are skipped on a rerun, and a run killed
+    anywhere is finished or undone by the next one. One writer at a time per OUT: another is
+    refused naming the holder (or waits, --wait).
     """
     from seedance_tasks.config import load_settings, settings_with
     from seedance_tasks.preprocess.run import run
+    from seedance_tasks.units import parse_duration
 
     settings = settings_with(load_settings(), "preprocess", size=size, io_workers=io_workers, cpu_workers=cpu_workers)
-    with progress("preprocessing", total=None, enabled=not as_json) as advance:
-        result = run(shards, out, settings=settings, advance=advance)
+    wait_s = parse_duration(wait) if wait else 0.0
+    with progress("preprocessing", enabled=not as_json) as bar:
+        result = run(shards, out, settings=settings, wait_s=wait_s, on_progress=bar.update)
     emit(result, as_json, _render_run)
 
 

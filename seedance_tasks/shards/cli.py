@@ -19,20 +19,31 @@ def build_command(
     prefix: str = typer.Option(None, help="shard names: PREFIX-000000.tar [config: shard]"),
     shuffle: bool = typer.Option(False, "--shuffle", help="shuffle samples (Parquet: by row group, then rows)"),
     seed: int = typer.Option(0, help="seed of --shuffle"),
+    check_decode: bool = typer.Option(
+        None, "--check-decode/--no-check-decode",
+        help="decode every image member (jpg, png, webp...); samples that do not decode are rejected [config: on]",
+    ),
+    wait: str = typer.Option(None, "--wait", help="if another run is writing OUT, wait up to this long, e.g. 10m"),
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Pack samples into tar shards of about --shard-size, with a wids-compatible shardindex.json.
 
-    Shards are written hidden and published together once complete; the index is written last.
-    Incomplete or unreadable samples are listed (and saved in OUT/_seedance/reports/), never
-    dropped silently. Rebuilding the same source with the same settings changes nothing.
+    Shards and the index are written hidden and published together once complete, the index
+    last. Incomplete, unreadable or undecodable samples and symbolic links are listed (and saved
+    in OUT/_seedance/reports/), never dropped silently. Rebuilding the same source with the same
+    settings changes nothing; a run killed anywhere is finished or undone by the next one. One
+    build at a time per OUT: another is refused naming the holder (or waits, --wait).
     """
     from seedance_tasks.config import load_settings, settings_with
     from seedance_tasks.shards.build import build
+    from seedance_tasks.units import parse_duration
 
-    settings = settings_with(load_settings(), "shards", shard_size=shard_size, max_samples=max_samples, prefix=prefix)
-    with progress("building shards", total=None, enabled=not as_json) as advance:
-        result = build(src, out, settings=settings, shuffle=shuffle, seed=seed, advance=advance)
+    settings = settings_with(load_settings(), "shards", shard_size=shard_size, max_samples=max_samples, prefix=prefix,
+                             check_decode=check_decode)
+    wait_s = parse_duration(wait) if wait else 0.0
+    with progress("building shards", enabled=not as_json) as bar:
+        result = build(src, out, settings=settings, shuffle=shuffle, seed=seed, wait_s=wait_s,
+                       on_progress=bar.update)
     emit(result, as_json, _render_build)
 
 
@@ -59,16 +70,21 @@ def _render_build(result: dict) -> None:
 def verify_command(
     dst: str = typer.Argument(..., help="shards: a directory (with or without index), an index, a tar, or a brace pattern"),
     no_index: bool = typer.Option(False, "--no-index", help="ignore shardindex.json; check every .tar found"),
+    check_decode: bool = typer.Option(
+        None, "--check-decode/--no-check-decode",
+        help="decode every image member (jpg, png, webp...) as readers will [config: on]",
+    ),
     as_json: bool = JSON_OPTION,
 ) -> None:
-    """Check every shard: readable, safe member names and types, no duplicate keys, index counts/checksums.
+    """Check every shard: complete (end-of-archive marker), safe member names, types and sizes,
+    images that decode, no duplicate keys, index counts/checksums.
 
     Exits 0 if all is well, 3 if a tar holds hostile members, 4 for any other problem.
     """
     from seedance_tasks.shards.verify import raise_for_problems, verify
 
-    with progress("verifying shards", total=None, enabled=not as_json) as advance:
-        report = verify(dst, use_index=not no_index, advance=advance)
+    with progress("verifying shards", enabled=not as_json) as bar:
+        report = verify(dst, use_index=not no_index, check_decode=check_decode, on_progress=bar.update)
     emit(report, as_json, _render_verify)
     if as_json:
         _exit_for(report)

@@ -18,3 +18,10 @@ class ShardSettings(StrictModel):
         description="extensions every sample must have (e.g. [jpg, cls]); None: those at least half the samples have",
     )
     mtime: int = Field(0, ge=0, description="mtime written in every tar header (fixed, so rebuilds are identical)")
+    check_decode: bool = Field(
+        True, description="build and verify decode every image member (jpg, png, webp...) as readers will; "
+        "a sample that does not decode is rejected at build and reported by verify",
+    )
+    max_member_size: ByteSize = Field(
+        1024**3, description="no member above this size is packed or read (verify refuses it by its declared size)",
+    )

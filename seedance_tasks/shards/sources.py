@@ -6,7 +6,10 @@ dataset holds one row per sample: a key column and one column per member (bytes 
 are, strings as UTF-8, numbers as their decimal text, anything else as JSON).
 
 Each source yields `(key, members)` for good samples and reports bad ones (`Rejected`): a sample
-missing a required member, a file or row group that cannot be read. Nothing is dropped silently.
+missing a required member, a file or row group that cannot be read, a sample the caller's check
+refuses (an image that does not decode). Nothing is dropped silently. A source never reads
+outside its root: a symbolic link in it (to a file or a directory) is not followed, and is
+reported once.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from __future__ import annotations
 import json
 import posixpath
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +30,9 @@ from seedance_tasks.shards.tario import split_key
 from seedance_tasks.storage import Location
 
 READ_CHUNK = 16  # samples per read task: amortises the thread pool's per-task cost on small files
+SYMLINK_REASON = "symbolic link: not followed (a source is never read outside its root)"
+
+Check = Callable[[str, dict], "str | None"]  # (key, members) -> why the sample is refused, or None
 
 
 @dataclass
@@ -64,9 +70,14 @@ def open_source(uri: str, *, required: list[str] | None = None, key_column: str 
     Raises InputError if it holds nothing, UsageError if it mixes Parquet with other files.
     """
     location = storage.resolve(uri)
-    files = storage.list_files(location)
+    listing = storage.list_tree(location)
+    files = listing.files
+    linked = [Rejected(None, relative, SYMLINK_REASON) for relative in listing.symlinks]
     if not files:
-        raise InputError(f"no sample files under {uri}", hint="point SRC at a directory of samples or Parquet files")
+        raise InputError(
+            f"no sample files under {uri}" + (f" ({len(linked)} symbolic link(s), not followed)" if linked else ""),
+            hint="point SRC at a directory of samples or Parquet files",
+        )
     parquet = [item for item in files if item.path.endswith(".parquet")]
     if parquet:
         others = [item.path for item in files if not item.path.endswith(".parquet")]
@@ -75,12 +86,13 @@ def open_source(uri: str, *, required: list[str] | None = None, key_column: str 
                 f"{uri} mixes Parquet files with other files (e.g. {location.relative(others[0])})",
                 hint="a source is either Parquet (one row per sample) or sample files, not both",
             )
-        return Source(uri, "parquet", location, parquet, list(required or []), key_column)
-    return _files_source(uri, location, files, required)
+        return Source(uri, "parquet", location, parquet, list(required or []), key_column, rejected=linked)
+    return _files_source(uri, location, files, required, linked)
 
 
-def _files_source(uri: str, location: Location, files: list, required: list[str] | None) -> Source:
-    source = Source(uri, "files", location, files, [])
+def _files_source(uri: str, location: Location, files: list, required: list[str] | None,
+                  rejected: list[Rejected]) -> Source:
+    source = Source(uri, "files", location, files, [], rejected=rejected)
     groups: dict[str, dict[str, str]] = {}
     for item in files:
         relative = location.relative(item.path)
@@ -114,7 +126,8 @@ def _read(fs, path: str) -> bytes:
     return storage.read_bytes(fs, path)
 
 
-def _read_file_sample(fs, unit: tuple[str, dict[str, str]]) -> tuple[str, dict[str, bytes] | None, str | None]:
+def _read_file_sample(fs, unit: tuple[str, dict[str, str]],
+                      check: Check | None) -> tuple[str, dict[str, bytes] | None, str | None]:
     key, paths = unit
     members = {}
     for ext, path in paths.items():
@@ -122,7 +135,8 @@ def _read_file_sample(fs, unit: tuple[str, dict[str, str]]) -> tuple[str, dict[s
             members[ext] = _read(fs, path)
         except OSError as exc:
             return key, None, f"unreadable member {posixpath.basename(path)}: {exc}"
-    return key, members, None
+    problem = check(key, members) if check else None  # on the reading thread: PIL releases the GIL
+    return (key, None, problem) if problem else (key, members, None)
 
 
 def _cell_bytes(value: Any) -> bytes:
@@ -137,7 +151,8 @@ def _cell_bytes(value: Any) -> bytes:
     return json.dumps(value, default=str).encode()
 
 
-def _parquet_samples(source: Source, shuffle: bool, seed: int) -> Iterator[tuple[str, dict[str, bytes]]]:
+def _parquet_samples(source: Source, shuffle: bool, seed: int,
+                     check: Check | None) -> Iterator[tuple[str, dict[str, bytes]]]:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -187,20 +202,23 @@ def _parquet_samples(source: Source, shuffle: bool, seed: int) -> Iterator[tuple
                 source.rejected.append(Rejected(key, f"{relative}#row{row}", f"incomplete: no {', '.join(missing)}"))
             elif bad_key:
                 source.rejected.append(Rejected(key, f"{relative}#row{row}", "key contains '/', '.' or a hidden prefix"))
+            elif check and (problem := check(key, members)):
+                source.rejected.append(Rejected(key, f"{relative}#row{row}", problem))
             else:
                 yield key, members
 
 
 def iter_source_samples(
-    source: Source, *, shuffle: bool = False, seed: int = 0, read_workers: int = 4
+    source: Source, *, shuffle: bool = False, seed: int = 0, read_workers: int = 4, check: Check | None = None
 ) -> Iterator[tuple[str, dict[str, bytes]]]:
     """Good samples of `source` as (key, {ext: bytes}); bad ones are appended to `source.rejected`.
 
-    Sample files are read by `read_workers` threads ahead of the caller. With `shuffle`, sample
-    files are fully shuffled by `seed`; Parquet is block-shuffled (row groups, then rows within).
+    Sample files are read (and `check`ed: a reason it returns rejects the sample) by
+    `read_workers` threads ahead of the caller. With `shuffle`, sample files are fully shuffled
+    by `seed`; Parquet is block-shuffled (row groups, then rows within).
     """
     if source.kind == "parquet":
-        yield from _parquet_samples(source, shuffle, seed)
+        yield from _parquet_samples(source, shuffle, seed, check)
         return
     units = list(source.units)
     if shuffle:
@@ -208,7 +226,7 @@ def iter_source_samples(
     fs = source.location.fs
     chunks = [units[i : i + READ_CHUNK] for i in range(0, len(units), READ_CHUNK)]
     for chunk in ordered_map(
-        lambda part: [_read_file_sample(fs, unit) for unit in part], chunks,
+        lambda part: [_read_file_sample(fs, unit, check) for unit in part], chunks,
         threads=read_workers, ahead=4 * read_workers, name="seedance-read",
     ):
         for key, members, error in chunk:

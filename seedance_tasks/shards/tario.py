@@ -3,8 +3,12 @@
 Reading: `iter_members` streams a tar (no seeking, so S3 streams work) and yields regular files
 only after checking each header: an absolute name, a `..` component, a link, a device node or a
 FIFO is refused (`RefusedError`) before its data is read; nothing is ever extracted to disk.
-A truncated or corrupt tar is an `InputError` naming the shard. `iter_samples` groups members
-into WebDataset samples by key.
+A member is read only if its declared size is below the limit and below the size of the whole
+tar (a sparse member can declare a terabyte in a kilobyte file). The tar must end with its
+end-of-archive marker (two zero blocks): one cut exactly at a member boundary, or with a
+damaged header after the last good member, is not complete. Each of these is a `TarProblem`
+(an `InputError` with a `kind`) naming the shard. `iter_samples` groups members into WebDataset
+samples by key.
 
 Writing: `TarShardWriter` writes POSIX ustar members with integer mtimes (no PAX header per
 member, unlike `webdataset.TarWriter`), counts the headers and padding in its size, and hashes
@@ -26,6 +30,16 @@ from seedance_tasks.errors import InputError, RefusedError
 BLOCK = tarfile.BLOCKSIZE  # 512
 END_OF_ARCHIVE = b"\0" * (2 * BLOCK)
 _ZEROS = b"\0" * BLOCK
+DEFAULT_MAX_MEMBER_SIZE = 1024**3  # `shards.max_member_size`: no member of a shard is read beyond it
+_TAIL_WINDOW = 64 * 1024  # > tarfile's read-ahead (one 10 KiB record) + the 1 KiB end marker
+
+
+class TarProblem(InputError):
+    """A tar that is not a complete, plain shard; `kind` says how (truncated, too-large, unreadable)."""
+
+    def __init__(self, message: str, *, kind: str = "unreadable", hint: str | None = None):
+        super().__init__(message, hint=hint or "rebuild or re-fetch this shard")
+        self.kind = kind
 _KEY_EXT = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")  # as webdataset.tariterators.base_plus_ext
 
 
@@ -81,46 +95,124 @@ def _normalise(name: str) -> str:
     return name
 
 
-def iter_members(stream: BinaryIO, shard: str) -> Iterator[tuple[str, bytes]]:
+def _check_size(info: tarfile.TarInfo, shard: str, file_size: int | None, limit: int) -> None:
+    """Refuse a member by its declared size, before a byte of it is allocated."""
+    sparse = " (a sparse member)" if info.issparse() else ""
+    if file_size is not None and info.size > file_size:
+        raise TarProblem(
+            f"{shard}: member {info.name!r}{sparse} declares {info.size:,} bytes, more than the whole tar "
+            f"({file_size:,} bytes); refused without reading it", kind="too-large",
+        )
+    if info.size > limit:
+        raise TarProblem(
+            f"{shard}: member {info.name!r}{sparse} declares {info.size:,} bytes, above the limit of "
+            f"{limit:,} bytes; refused without reading it", kind="too-large",
+            hint="raise shards.max_member_size if members this large are expected, else rebuild the shard",
+        )
+
+
+def _check_end(marker: bytes, shard: str, last: str | None, offset: int) -> None:
+    """The 1024 bytes after the last member must be the end-of-archive marker (two zero blocks)."""
+    if marker == END_OF_ARCHIVE:
+        return
+    after = f"after member {last!r}" if last else "at its start"
+    what = "ends" if not marker.strip(b"\0") else "has a damaged header or garbage"
+    raise TarProblem(
+        f"{shard}: {what} {after} (offset {offset:,}) without the end-of-archive marker (two zero blocks): "
+        "the tar is truncated or damaged there", kind="truncated",
+    )
+
+
+class _TailReader:
+    """Reads through `stream`, remembering the last bytes read (to check the end marker after tarfile)."""
+
+    def __init__(self, stream: BinaryIO):
+        self.stream = stream
+        self.position = 0
+        self.tail = bytearray()
+
+    def read(self, size: int = -1) -> bytes:
+        data = self.stream.read(size)
+        self.position += len(data)
+        if len(data) >= _TAIL_WINDOW:
+            self.tail = bytearray(data[-_TAIL_WINDOW:])
+        else:
+            self.tail += data
+            if len(self.tail) > _TAIL_WINDOW:
+                del self.tail[: len(self.tail) - _TAIL_WINDOW]
+        return data
+
+    def bytes_at(self, offset: int, size: int) -> bytes:
+        """Bytes [offset, offset + size) of the stream (reading on as needed), short at its end."""
+        while self.position < offset + size and self.read(BLOCK * 2):
+            pass
+        start = len(self.tail) - (self.position - offset)
+        if start < 0:  # cannot happen with tarfile's bounded read-ahead; refuse rather than guess
+            return b""
+        return bytes(self.tail[start : start + size])
+
+
+def iter_members(stream: BinaryIO, shard: str, *, file_size: int | None = None,
+                 max_member_size: int | None = None) -> Iterator[tuple[str, bytes]]:
     """(name, data) of every regular file in the tar `stream`, in order, checked as it streams.
 
-    Directories are skipped. Raises RefusedError on a hostile member (before reading its data)
-    and InputError if the tar is truncated or corrupt; `shard` names the tar in both.
+    Directories are skipped. Raises RefusedError on a hostile member (before reading its data),
+    TarProblem (an InputError) for a member whose declared size exceeds `max_member_size` or the
+    tar's own `file_size` (checked before allocating), a tar without its end-of-archive marker,
+    and a truncated or corrupt tar; `shard` names the tar in each.
     """
+    limit = DEFAULT_MAX_MEMBER_SIZE if max_member_size is None else int(max_member_size)
+    reader = _TailReader(stream)
     try:
-        archive = tarfile.open(fileobj=stream, mode="r|")
+        archive = tarfile.open(fileobj=reader, mode="r|")
     except tarfile.TarError as exc:
-        raise InputError(f"{shard}: not a readable tar ({exc})", hint="rebuild or re-fetch this shard") from None
+        raise TarProblem(f"{shard}: not a readable tar ({exc})") from None
+    last: str | None = None
     with archive:
         try:
             for info in archive:
                 _refuse_if_hostile(info, shard)
                 if info.isdir():
                     continue
+                _check_size(info, shard, file_size, limit)
                 handle = archive.extractfile(info)
                 data = handle.read() if handle is not None else b""
                 if len(data) != info.size:
-                    raise InputError(f"{shard}: member {info.name!r} is truncated", hint="the tar is incomplete")
+                    raise TarProblem(f"{shard}: member {info.name!r} is truncated", kind="truncated",
+                                     hint="the tar is incomplete; rebuild or re-fetch it")
+                last = info.name
                 yield _normalise(info.name), data
+            end = archive.offset
         except (tarfile.TarError, EOFError, OSError) as exc:
-            raise InputError(
-                f"{shard}: truncated or corrupt tar ({exc})", hint="rebuild or re-fetch this shard"
-            ) from None
+            raise TarProblem(f"{shard}: truncated or corrupt tar ({exc})") from None
+    _check_end(reader.bytes_at(end, len(END_OF_ARCHIVE)), shard, last, end)
 
 
-def scan_headers(path: str, shard: str) -> int:
+def scan_headers(path: str, shard: str, *, max_member_size: int | None = None) -> int:
     """Check every member header of a local tar by seeking past the data; returns the member count.
 
-    Raises as `iter_members` does, but reads only headers, so checking a local shard is cheap.
+    Raises as `iter_members` does (hostile members, declared sizes, the end-of-archive marker),
+    but reads only headers, so checking a local shard is cheap.
     """
-    count = 0
+    limit = DEFAULT_MAX_MEMBER_SIZE if max_member_size is None else int(max_member_size)
+    file_size = os.path.getsize(path)
+    count, last = 0, None
     try:
         with tarfile.open(path, mode="r:") as archive:
             for info in archive:
                 _refuse_if_hostile(info, shard)
+                if not info.isdir():
+                    _check_size(info, shard, file_size, limit)
+                if info.offset_data + info.size > file_size and not info.issparse():
+                    raise TarProblem(f"{shard}: member {info.name!r} is truncated", kind="truncated")
                 count += 1
+                last = info.name
+            end = archive.offset
     except (tarfile.TarError, EOFError) as exc:
-        raise InputError(f"{shard}: truncated or corrupt tar ({exc})", hint="rebuild or re-fetch this shard") from None
+        raise TarProblem(f"{shard}: truncated or corrupt tar ({exc})") from None
+    with open(path, "rb") as handle:
+        handle.seek(end)
+        _check_end(handle.read(len(END_OF_ARCHIVE)), shard, last, end)
     return count
 
 

@@ -1,9 +1,13 @@
 """`seedance shards verify`: check shards without trusting them.
 
-Every tar is streamed once (so `s3://` costs one GET per shard) and checked: readable to the end,
-no member with an absolute name, `..`, a link, a device node or a FIFO, no key seen twice (in the
-same shard or across shards), and, where an index lists the shard, sample count, size and sha256
-equal to the index's. A bad shard is reported and the check goes on with the next one.
+Every tar is streamed once (so `s3://` costs one GET per shard) and checked: readable to the end
+and ending with its end-of-archive marker (a tar cut exactly at a member boundary is truncated),
+no member with an absolute name, `..`, a link, a device node or a FIFO, no member declaring more
+bytes than `shards.max_member_size` or than the whole tar (refused before it is read, so a
+sparse tar declaring a terabyte costs nothing), no key seen twice (in the same shard or across
+shards), with `check_decode` every image member decodes (as webdataset's `decode("pil")` and
+wids will), and, where an index lists the shard, sample count, size and sha256 equal to the
+index's. A bad shard is reported and the check goes on with the next one.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from seedance_tasks.errors import InputError, IntegrityError, RefusedError
+from seedance_tasks.shards.checks import image_problem, is_image
 from seedance_tasks.shards.index import ShardRef, resolve_shards
 from seedance_tasks.shards.tario import iter_members, split_key
 
@@ -38,7 +43,8 @@ class HashingReader:
             pass
 
 
-def _verify_shard(shard: ShardRef, seen: dict[str, str], problems: list[dict]) -> dict[str, Any]:
+def _verify_shard(shard: ShardRef, seen: dict[str, str], problems: list[dict], *, check_decode: bool,
+                  max_member_size: int) -> dict[str, Any]:
     def problem(kind: str, message: str, key: str | None = None) -> None:
         problems.append({"shard": shard.uri, "key": key, "kind": kind, "problem": message})
 
@@ -46,15 +52,20 @@ def _verify_shard(shard: ShardRef, seen: dict[str, str], problems: list[dict]) -
     result: dict[str, Any] = {"shard": shard.uri, "samples": 0, "size": None, "sha256": None, "ok": True}
     before = len(problems)
     try:
+        file_size = shard.location.fs.get_file_info(shard.location.path).size  # the tar's own, not the index's
         with shard.location.fs.open_input_stream(shard.location.path) as raw:
             reader = HashingReader(raw)
             current_key: str | None = None
             current_exts: set[str] = set()
-            for name, _data in iter_members(reader, shard.uri):
+            for name, data in iter_members(reader, shard.uri, file_size=file_size, max_member_size=max_member_size):
                 key, ext = split_key(name)
                 if key is None:
                     problem("no-key", f"member {name!r} has no extension, so no sample key")
                     continue
+                if check_decode and is_image(ext):
+                    bad = image_problem(data)
+                    if bad:
+                        problem("undecodable", f"member {name!r} {bad}", key)
                 if key == current_key:
                     if ext in current_exts:
                         problem("duplicate", f"member {name!r} appears twice", key)
@@ -70,7 +81,7 @@ def _verify_shard(shard: ShardRef, seen: dict[str, str], problems: list[dict]) -
     except RefusedError as exc:
         problem("refused", exc.message)
     except InputError as exc:
-        problem("unreadable", exc.message)
+        problem(getattr(exc, "kind", "unreadable"), exc.message)
     except OSError as exc:
         problem("unreadable", f"cannot read {shard.uri}: {exc}")
     else:
@@ -86,24 +97,40 @@ def _verify_shard(shard: ShardRef, seen: dict[str, str], problems: list[dict]) -
     return result
 
 
-def verify(uri: str, *, use_index: bool = True, advance: Callable[[float], None] | None = None) -> dict[str, Any]:
+def verify(uri: str, *, use_index: bool = True, check_decode: bool | None = None,
+           max_member_size: int | None = None, advance: Callable[[float], None] | None = None,
+           on_progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
     """Check every shard of `uri` (any WebDataset source `resolve_shards` accepts); returns a report.
 
     The report's `ok` is True only if no shard has a problem; `problems` lists each one with the
-    shard, the key where there is one, a kind (refused, unreadable, duplicate, count, size,
-    checksum) and a message. Never raises for bad shards; see `check` for that.
+    shard, the key where there is one, a kind (refused, unreadable, truncated, too-large,
+    undecodable, no-key, duplicate, count, size, checksum) and a message naming the member where
+    there is one. `check_decode` and `max_member_size` default to `shards.*` of the config.
+    Memory stays bounded by the largest member the limit allows. Never raises for bad shards;
+    see `raise_for_problems` for that. `on_progress(shards_done, shards_total)` is called after
+    each shard.
     """
+    if check_decode is None or max_member_size is None:
+        from seedance_tasks.config import load_settings
+
+        configured = load_settings().shards
+        check_decode = configured.check_decode if check_decode is None else check_decode
+        max_member_size = int(configured.max_member_size) if max_member_size is None else max_member_size
     shard_set = resolve_shards(uri, use_index=use_index)
     problems: list[dict] = []
     seen: dict[str, str] = {}
     per_shard = []
     for shard in shard_set.shards:
-        per_shard.append(_verify_shard(shard, seen, problems))
+        per_shard.append(_verify_shard(shard, seen, problems, check_decode=bool(check_decode),
+                                       max_member_size=int(max_member_size)))
         if advance:
             advance(1)
+        if on_progress:
+            on_progress(len(per_shard), len(shard_set.shards))
     return {
         "source": uri,
         "index": shard_set.index_uri,
+        "check_decode": bool(check_decode),
         "ok": not problems,
         "shards": len(per_shard),
         "samples": sum(item["samples"] for item in per_shard),

@@ -43,7 +43,9 @@ def shards(tmp_path):
     src = tmp_path / "src"
     keys = make_sample_files(src, 30, corrupt=(4, 17), png=(9,))
     Image.new("RGB", (80, 40), (200, 10, 30)).save(src / f"{keys[0]}.jpg", format="JPEG", quality=95)
-    build(str(src), str(tmp_path / "shards"), settings=ShardSettings(max_samples=7, required_members=["cls"]))
+    # check_decode off: the corrupt JPEGs must reach the pipeline, which reports them itself
+    build(str(src), str(tmp_path / "shards"),
+          settings=ShardSettings(max_samples=7, required_members=["cls"], check_decode=False))
     return tmp_path / "shards", keys
 
 
@@ -111,7 +113,7 @@ def test_foreign_shards_by_brace_pattern(tmp_path):
 def test_s3_shards_in_and_out(tmp_path, s3_bucket):
     make_sample_files(tmp_path / "src", 12, corrupt=(3,))
     shards_uri, out_uri = f"s3://{s3_bucket}/shards", f"s3://{s3_bucket}/out"
-    build(str(tmp_path / "src"), shards_uri, settings=ShardSettings(max_samples=5))
+    build(str(tmp_path / "src"), shards_uri, settings=ShardSettings(max_samples=5, check_decode=False))
     result = run(shards_uri, out_uri, settings=SETTINGS)
     assert result["samples_out"] == 11 and [f["key"] for f in result["failed"]] == ["sample-000003"]
     from seedance_tasks.shards.verify import verify
@@ -165,10 +167,10 @@ def test_preprocess_dag_builds_verifies_and_preprocesses(tmp_path, run_dag):
         "shards_per_group": 2,
     })
     assert dag_run.state == "success"
-    built = xcom_value(dag_run, "build_shards")
-    assert built["rejected"] == 1 and built["samples"] == 19 and built["shard_count"] >= 3
+    built = xcom_value(dag_run, "build_shards")  # the corrupt JPEG is rejected at build (check_decode)
+    assert built["rejected"] == 2 and built["samples"] == 18 and built["shard_count"] >= 3
     summary = xcom_value(dag_run, "finalize")
-    assert summary["samples_out"] == 18 and summary["failed"] == 1 and summary["rejected_at_build"] == 1
+    assert summary["samples_out"] == 18 and summary["failed"] == 0 and summary["rejected_at_build"] == 2
     mapped = [ti for ti in dag_run.get_task_instances() if ti.task_id == "preprocess"]
     assert len(mapped) == -(-built["shard_count"] // 2) and all(ti.state == "success" for ti in mapped)
     output = read_output(Path(summary["out"]))
@@ -188,3 +190,34 @@ def test_preprocess_dag_fails_at_verify_on_a_hostile_tar(tmp_path, run_dag):
     states = {ti.task_id: ti.state for ti in dag_run.get_task_instances()}
     assert states["build_shards"] == "success" and states["verify_shards"] == "failed"
     assert states["finalize"] != "success" and not (tmp_path / "out").exists()
+
+
+def test_an_output_another_run_is_writing_is_refused_naming_the_holder(tmp_path, shards):
+    from seedance_tasks import lease
+    from seedance_tasks.lease import LeaseHeldError
+
+    shard_dir, _keys = shards
+    out = storage.resolve(str(tmp_path / "out"))
+    held = lease.acquire(out, "dataset", holder="airflow:seedance_preprocess:manual__9", purpose="preprocess")
+    try:
+        with pytest.raises(LeaseHeldError, match="airflow:seedance_preprocess:manual__9"):
+            run(str(shard_dir), str(tmp_path / "out"), settings=SETTINGS)
+        result = CliRunner().invoke(app, ["preprocess", "run", "--shards", str(shard_dir), "--out", str(tmp_path / "out"),
+                                          "--size", str(SIZE), "--io-workers", "1", "--cpu-workers", "1"])
+        assert result.exit_code == 5 and "manual__9" in result.output and "hint:" in result.output
+        assert not list((tmp_path / "out").glob("*.tar"))
+    finally:
+        held.release()
+
+
+def test_a_tampered_done_record_is_refused_by_finalize(tmp_path, shards):
+    from seedance_tasks.errors import IntegrityError
+    from seedance_tasks.preprocess.run import DONE_DIR, finalize
+
+    shard_dir, _keys = shards
+    run(str(shard_dir), str(tmp_path / "out"), settings=SETTINGS)
+    record_path = tmp_path / "out" / DONE_DIR / "shard-000000.tar.json"
+    record = json.loads(record_path.read_text())
+    record_path.write_text(json.dumps({**record, "name": "../../etc/passwd"}))
+    with pytest.raises(IntegrityError, match="shard-000000.tar.json"):
+        finalize(str(tmp_path / "out"))
