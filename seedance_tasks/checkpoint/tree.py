@@ -2,16 +2,39 @@
 
 `flatten(state)` gives a JSON-able skeleton in which every tensor is replaced by its index, and
 the tensors with unique, readable names (`model/fc.weight`, `optimizer/state/0/exp_avg`);
-`unflatten(skeleton, tensors)` rebuilds the same tree. Scalars keep their exact type (int, float
-incl. nan/inf, bool, None, str); dict keys may be str, int, float, bool or None.
+`unflatten(skeleton, tensors)` rebuilds the same tree, as `torch.load(weights_only=True)` would
+give it back after `torch.save`. Scalars keep their exact type (int, float incl. nan/inf, bool,
+None, str, torch.dtype); dict keys may be str, int, float, bool or None.
+
+What the skeleton records besides values (JSON, never pickle):
+- `{"dict": [[key, value], ...]}`, plus `"class": "OrderedDict"` for an OrderedDict and
+  `"metadata": <tree>` for its `_metadata` attribute (the module versions of a `state_dict()`,
+  which `load_state_dict` hands to each module's migration code). A skeleton without them (an
+  older manifest) restores plain dicts, as before.
+- `{"quantized": {...}}`: a quantized tensor as its integer values (`int_repr()`, a tensor of
+  the tree), its dtype and qscheme, and its scale/zero point (per tensor: exact JSON numbers;
+  per channel: two more tensors, and the axis). It restores bit-exact, quantizer included.
 """
 
 from __future__ import annotations
 
 import math
+import re
+from collections import OrderedDict
 from typing import Any
 
-from seedance_tasks.errors import UsageError
+from seedance_tasks.errors import IntegrityError, UsageError
+
+ORDERED = "OrderedDict"
+QUANTIZED_DTYPES = ("quint8", "qint8", "qint32")
+PER_TENSOR = ("per_tensor_affine",)
+PER_CHANNEL = ("per_channel_affine", "per_channel_affine_float_qparams")
+EXACT_SUFFIXES = ("step", ":q_scales", ":q_zero_points")
+
+
+def keep_exact(name: str) -> bool:
+    """True for a tensor a lossy save must keep exact: step counters and quantization parameters."""
+    return re.sub(r"#\d+$", "", name).endswith(EXACT_SUFFIXES)
 
 
 def _is_tensor(value: Any) -> bool:
@@ -29,9 +52,11 @@ def _scalar(value: Any, where: str) -> dict:
         return {"float": repr(value) if not math.isfinite(value) else value}
     if isinstance(value, str):
         return {"str": value}
+    if type(value).__module__ == "torch" and type(value).__name__ == "dtype":  # e.g. in quantized modules
+        return {"torch_dtype": str(value).removeprefix("torch.")}
     raise UsageError(
         f"cannot store {type(value).__name__} at {where or '/'} in a checkpoint",
-        hint="a checkpoint holds dicts, lists, tuples, tensors, ints, floats, bools, None and strings",
+        hint="a checkpoint holds dicts, lists, tuples, tensors, ints, floats, bools, None, strings and dtypes",
     )
 
 
@@ -46,7 +71,24 @@ def _scalar_value(node: dict) -> Any:
         return float(node["float"])
     if "str" in node:
         return str(node["str"])
-    raise ValueError(f"unknown tree node {node!r}")
+    if "torch_dtype" in node:
+        import torch
+
+        dtype = getattr(torch, str(node["torch_dtype"]), None)
+        if isinstance(dtype, torch.dtype):
+            return dtype
+    raise _unknown(node)
+
+
+def _unknown(node: Any) -> IntegrityError:
+    return IntegrityError(
+        f"unknown node {str(node)[:120]!r} in a checkpoint's tree",
+        hint="the checkpoint was written by a newer Seedance, or its manifest is damaged",
+    )
+
+
+def _qname(tensor) -> tuple[str, str]:
+    return str(tensor.dtype).removeprefix("torch."), str(tensor.qscheme()).removeprefix("torch.")
 
 
 def flatten(state: Any) -> tuple[Any, list[tuple[str, Any]]]:
@@ -61,15 +103,42 @@ def flatten(state: Any) -> tuple[Any, list[tuple[str, Any]]]:
         seen.add(name)
         return name
 
+    def add(tensor: Any, path: str) -> dict:
+        tensors.append((name_for(path), tensor))
+        return {"tensor": len(tensors) - 1}
+
+    def quantized(value: Any, path: str) -> dict:
+        dtype, scheme = _qname(value)
+        if dtype not in QUANTIZED_DTYPES or scheme not in PER_TENSOR + PER_CHANNEL:
+            raise UsageError(
+                f"cannot store the quantized tensor at {path or '/'} ({dtype}, {scheme}) in a checkpoint",
+                hint=f"quantized tensors of {', '.join(QUANTIZED_DTYPES)} per tensor or per channel are "
+                "stored; dequantize() this one or save its int_repr() and parameters yourself",
+            )
+        node: dict[str, Any] = {"dtype": dtype, "qscheme": scheme, "values": add(value.int_repr(), path)}
+        if scheme in PER_TENSOR:
+            node["scale"] = _scalar(float(value.q_scale()), path)
+            node["zero_point"] = _scalar(int(value.q_zero_point()), path)
+        else:
+            node["scales"] = add(value.q_per_channel_scales(), f"{path}:q_scales")
+            node["zero_points"] = add(value.q_per_channel_zero_points(), f"{path}:q_zero_points")
+            node["axis"] = int(value.q_per_channel_axis())
+        return {"quantized": node}
+
     def walk(value: Any, path: str) -> Any:
         if _is_tensor(value):
-            tensors.append((name_for(path), value))
-            return {"tensor": len(tensors) - 1}
+            return quantized(value, path) if value.is_quantized else add(value, path)
         if isinstance(value, dict):
             items = []
             for key, item in value.items():
                 items.append([_scalar(key, path), walk(item, f"{path}/{key}" if path else str(key))])
-            return {"dict": items}
+            node: dict[str, Any] = {"dict": items}
+            if isinstance(value, OrderedDict):
+                node["class"] = ORDERED
+                metadata = getattr(value, "_metadata", None)
+                if metadata is not None:
+                    node["metadata"] = walk(metadata, f"{path}/_metadata" if path else "_metadata")
+            return node
         if isinstance(value, list | tuple):
             kind = "tuple" if isinstance(value, tuple) else "list"
             return {kind: [walk(item, f"{path}/{i}" if path else str(i)) for i, item in enumerate(value)]}
@@ -78,14 +147,64 @@ def flatten(state: Any) -> tuple[Any, list[tuple[str, Any]]]:
     return walk(state, ""), tensors
 
 
+def _dequantized_node(node: dict, tensors: list[Any]) -> Any:
+    """The quantized tensor a `quantized` node describes (its quantizer rebuilt exactly)."""
+    import torch
+
+    values = tensors[node["values"]["tensor"]]
+    if node["qscheme"] in PER_TENSOR:
+        rebuilt = torch._make_per_tensor_quantized_tensor(
+            values, _scalar_value(node["scale"]), _scalar_value(node["zero_point"])
+        )
+    elif node["qscheme"] in PER_CHANNEL:
+        rebuilt = torch._make_per_channel_quantized_tensor(
+            values, tensors[node["scales"]["tensor"]], tensors[node["zero_points"]["tensor"]], int(node["axis"])
+        )
+    else:
+        raise _unknown(node)
+    if _qname(rebuilt) != (node["dtype"], node["qscheme"]):
+        raise IntegrityError(
+            f"a quantized tensor of the checkpoint comes back as {_qname(rebuilt)}, "
+            f"not the stored {node['dtype']}, {node['qscheme']}",
+            hint="restore with the PyTorch version that saved it",
+        )
+    return rebuilt
+
+
 def unflatten(skeleton: Any, tensors: list[Any]) -> Any:
     """The tree `flatten` took apart, with `tensors[i]` in place of tensor i."""
     if "tensor" in skeleton:
         return tensors[skeleton["tensor"]]
+    if "quantized" in skeleton:
+        return _dequantized_node(skeleton["quantized"], tensors)
     if "dict" in skeleton:
-        return {_scalar_value(key): unflatten(item, tensors) for key, item in skeleton["dict"]}
+        kind = skeleton.get("class")
+        if kind not in (None, ORDERED):
+            raise _unknown({"class": kind})
+        items = ((_scalar_value(key), unflatten(item, tensors)) for key, item in skeleton["dict"])
+        if kind is None:
+            return dict(items)
+        rebuilt = OrderedDict(items)
+        if "metadata" in skeleton:
+            rebuilt._metadata = unflatten(skeleton["metadata"], tensors)  # type: ignore[attr-defined]
+        return rebuilt
     if "list" in skeleton:
         return [unflatten(item, tensors) for item in skeleton["list"]]
     if "tuple" in skeleton:
         return tuple(unflatten(item, tensors) for item in skeleton["tuple"])
     return _scalar_value(skeleton)
+
+
+def _plain(skeleton: Any) -> Any:
+    """`skeleton` without container classes and metadata: what an older manifest recorded."""
+    if isinstance(skeleton, dict):
+        return {key: _plain(value) for key, value in skeleton.items() if key not in ("class", "metadata")}
+    if isinstance(skeleton, list):
+        return [_plain(item) for item in skeleton]
+    return skeleton
+
+
+def same_tree(skeleton: Any, stored: Any) -> bool:
+    """True if `skeleton` (from flatten) matches a stored one; a stored tree from before container
+    classes were recorded matches on everything else."""
+    return skeleton == stored or (_plain(stored) == stored and _plain(skeleton) == stored)
