@@ -5,7 +5,9 @@ Per run of the store (mapped): GC drops the checkpoints the retention policy doe
 (last N, every M-th step, best K by a metric, tagged, plus every base a kept delta needs), then
 tiering moves the rest by age (copy, verify sha256, switch the manifest, retire the source).
 Then the trash of the store and tier locations is purged by age, and a report gives bytes and
-monthly cost per tier before and after. **Dry run unless `apply`**: a run from the UI applies
+monthly cost per tier before and after. Each run is collected and tiered under its lease
+(`run-<run>`, held by this DAG run: a retried task takes it back and finishes what its first
+attempt's journal left; another DAG run or the CLI is refused). **Dry run unless `apply`**: a run from the UI applies
 only when its `apply` box is ticked; a scheduled run only if `lifecycle.apply_on_schedule`.
 """
 
@@ -56,7 +58,7 @@ from seedance_tasks.dag_support import DEFAULT_ARGS, mapped_results, tags
 def seedance_checkpoint_lifecycle():
     @task(multiple_outputs=False)
     def plan(params: dict | None = None) -> dict:
-        """Check the policy, finish interrupted GC/tiering (when applying), list the runs."""
+        """Check the policy and list the runs (each run's gc/tier task recovers its own interrupted attempts)."""
         from seedance_tasks.lifecycle import airflow_tasks
 
         run_type = str(getattr(get_current_context()["dag_run"], "run_type", "") or "")

@@ -5,7 +5,8 @@ Wiring only; the work is in `seedance_tasks.checkpoint`. Trainers drop
 `seedance_checkpoint_inbox` asset); this DAG runs on that event or hourly. Each ready file is a
 mapped task: compress (delta against the run's previous checkpoint where it pays, byte-grouped
 zstd otherwise, a full keyframe every K checkpoints), verify the stored checkpoint by decoding
-every tensor against its sha256, and only then retire the raw file to the inbox trash. Unsafe
+every tensor against its sha256, and only then retire the raw file to the inbox trash; each under
+the run's lease and a journal of its own, so a retried task finishes what a killed one left. Unsafe
 or unreadable files (a pickle that would run code) are quarantined, never loaded.
 """
 

@@ -38,14 +38,19 @@ def scan_task(params: dict | None) -> dict[str, Any]:
 
 @fail_fast
 def ingest_task(item: dict, params: dict | None, run_id: str | None = None) -> dict[str, Any]:
-    """Compress one raw checkpoint into the store, verify it, retire the raw file."""
+    """Compress one raw checkpoint into the store, verify it, retire the raw file.
+
+    Holds the run's lease as the DAG run (`dag_support.airflow_lease_holder`), so a retry of this
+    task takes it back and finishes what its first attempt left.
+    """
     from seedance_tasks.checkpoint import ingest
+    from seedance_tasks.dag_support import airflow_lease_holder
 
     params = params or {}
     settings = _settings(params)
     lossy = params.get("lossy") or None
     return ingest.ingest_one(
-        item, settings.inbox, settings.store, settings, run_id=run_id,
+        item, settings.inbox, settings.store, settings, run_id=run_id, holder=airflow_lease_holder(),
         codec=params.get("codec") or None, keyframe_every=params.get("keyframe_every") or None,
         lossy=None if lossy == "none" else lossy,
     )
@@ -65,9 +70,9 @@ def report_task(scanned: dict, results: list[dict]) -> dict[str, Any]:
 @fail_fast
 def purge_task(params: dict | None) -> dict[str, Any]:
     """Free the inbox trash (retired raw checkpoints) older than `purge_older_than`."""
-    from seedance_tasks import storage
+    from seedance_tasks import journal, storage
     from seedance_tasks.units import parse_duration
 
     params = params or {}
     settings = _settings(params)
-    return storage.purge_trash(storage.resolve(settings.inbox), parse_duration(params.get("purge_older_than") or "7d"))
+    return journal.purge_trash(storage.resolve(settings.inbox), parse_duration(params.get("purge_older_than") or "7d"))

@@ -51,7 +51,7 @@ def put(
 
     state = read_checkpoint(src)
     settings = _settings()
-    with progress("compressing", None, enabled=not as_json) as advance:
+    with progress("compressing", os.path.getsize(src), enabled=not as_json) as advance:
         result = save_state(
             state, store, run, step, settings=settings, codec=codec, keyframe_every=keyframe_every,
             lossy=lossy, metrics=metrics, tags=tag or (),
@@ -82,12 +82,15 @@ def get(
     """Restore a checkpoint bit-exact (sha256-verified) into a .pt or .safetensors file."""
     import time
 
+    from seedance_tasks import storage
     from seedance_tasks.checkpoint import _settings
     from seedance_tasks.checkpoint.files import write_checkpoint
-    from seedance_tasks.checkpoint.store import load_state
+    from seedance_tasks.checkpoint.store import check_run_name, load_state, read_manifest, resolve_step
 
     started = time.perf_counter()
-    with progress("restoring", None, enabled=not as_json) as advance:
+    location = storage.resolve(store)
+    wanted = read_manifest(location, run, resolve_step(location, check_run_name(run), step))
+    with progress("restoring", sum(t["nbytes"] for t in wanted["tensors"]), enabled=not as_json) as advance:
         state, manifest = load_state(store, run, step, workers=_settings().workers, progress=advance)
     size = write_checkpoint(state, out, fmt)
     result = {
@@ -147,7 +150,8 @@ def verify(
     from seedance_tasks.checkpoint import _settings
     from seedance_tasks.checkpoint.store import verify_run
 
-    result = verify_run(store, run, step, workers=_settings().workers)
+    with progress("verifying", enabled=not as_json) as bar:
+        result = verify_run(store, run, step, workers=_settings().workers, on_progress=bar.update)
 
     def render(res: dict) -> None:
         console.print(f"verified {len(res['checked'])} checkpoint(s) of {run}: {len(res['damaged'])} damaged")

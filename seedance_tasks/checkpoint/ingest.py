@@ -3,23 +3,32 @@
 `scan` lists what is ready (not hidden, older than `inbox_min_age`, a step number in the name:
 the last integer of the file name, e.g. `step-000120.pt` -> 120). `ingest_one` compresses one
 file into the store, verifies the stored checkpoint by decoding it (sha256 of every chunk), and
-only then moves the raw file to `INBOX/_seedance/trash/<run-id>/` (purged later by age). Every
-step is repeatable: after a crash between commit and retire, the next run finds the step stored,
-checks that its content equals the raw file, verifies and retires. A file that cannot be read
-safely (a pickle that needs code, a corrupt file) is quarantined under
+only then moves the raw file to `INBOX/_seedance/trash/<run-id>/` (purged later by age).
+
+Attempt-safe: each attempt works under the run's lease (`run-<run>` in the store) and records
+its intent in a journal of its own in the inbox (`ingest-<file key>-a<token>`, the raw file as
+its retire, the save's attempt token in its meta). A new attempt for the same file first
+recovers the journals of the earlier ones (that prefix only): data files of a save that never
+committed are removed, a retire past its point of no return is finished. Then the step is
+stored (or found stored with the same content), verified, and the raw file retired. A file that
+cannot be read safely (a pickle that needs code, a corrupt file) is quarantined under
 `INBOX/_seedance/quarantine/`, and the other files go on.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
+import secrets
 import tempfile
 from datetime import UTC, datetime
 from typing import Any
 
-from seedance_tasks import storage
+from seedance_tasks import journal, lease, storage
 from seedance_tasks.errors import InputError, RefusedError
+
+KIND = "ckpt-ingest"
 
 SUFFIXES = (".pt", ".pth", ".safetensors")
 _STEP = re.compile(r"(\d+)(?!.*\d)")
@@ -70,51 +79,130 @@ def _local_copy(inbox, relative: str) -> tuple[str, bool]:
     return temp, True
 
 
-def ingest_one(item: dict, inbox_uri: str, store_uri: str, settings, *, run_id: str | None = None,
-               codec: str | None = None, keyframe_every: int | None = None, lossy: str | None = None) -> dict:
+def journal_prefix(relative: str) -> str:
+    """The id prefix of the ingest journals of one inbox file (every attempt at it shares it)."""
+    return f"ingest-{hashlib.sha256(relative.encode()).hexdigest()[:16]}-"
+
+
+def _recover(inbox, store, prefix: str) -> list[dict]:
+    """Finish or undo the earlier attempts at one file: their uncommitted data files go first."""
+    from seedance_tasks.checkpoint.store import check_run_name, discard_attempt
+
+    for entry in journal.pending(inbox, KIND, prefix):
+        meta = entry.meta
+        if entry.state == journal.WRITING and isinstance(meta.get("attempt"), str) and isinstance(meta.get("step"), int):
+            discard_attempt(store, check_run_name(str(meta.get("run"))), meta["step"], meta["attempt"])
+    return journal.recover(inbox, KIND, prefix)
+
+
+def ingest_one(item: dict, inbox_uri: str, store_uri: str, settings=None, *, run_id: str | None = None,
+               holder: str | None = None, codec: str | None = None, keyframe_every: int | None = None,
+               lossy: str | None = None) -> dict:
     """Compress one inbox file into the store, verify it, then retire the raw file; a small summary.
 
     Ready files of the same run with lower steps are stored first (whichever mapped task runs
     first), so that deltas always go forward in step order; each task verifies and retires only
-    its own file. Status: `stored` (stored from this file, by this task or a sibling), `already
-    stored` (the same content was stored before from elsewhere), `quarantined` (unreadable or
-    unsafe file; reason given), `conflict` (the step is stored with other content; the raw file is
-    left in place for a person to look at).
+    its own file. Status: `stored` (stored from this file, by this task, a sibling or an earlier
+    attempt), `already stored` (the same content was stored before from elsewhere),
+    `quarantined` (unreadable or unsafe file; reason given), `conflict` (the step is stored with
+    other content; the raw file is left in place for a person to look at). Holds the lease
+    `run-<run>` of the store as `holder` (default: the run id); run again with the same item
+    after a crash, it finishes what the crashed attempt left.
     """
-    from seedance_tasks.checkpoint.store import manifest_path, read_manifest, same_content, summary, verify
+    from seedance_tasks.checkpoint.store import StepCommittedError, check_run_name, manifest_path
 
+    if settings is None:
+        from seedance_tasks.checkpoint import _settings
+
+        settings = _settings()
     inbox = storage.resolve(inbox_uri)
     store = storage.resolve(store_uri)
     run_id = run_id or storage.new_run_id()
-    relative, run, step = item["path"], item["run"], int(item["step"])
+    relative = storage.confine(item["path"], what="ingest item path")
+    run, step = check_run_name(str(item["run"])), int(item["step"])
     options = {"settings": settings, "codec": codec, "keyframe_every": keyframe_every, "lossy": lossy}
-    for earlier in scan(inbox_uri, settings.inbox_min_age, run=run)["ready"]:
-        if earlier["step"] < step and not storage.is_file(store.fs, manifest_path(store, run, earlier["step"])):
-            try:
-                _store(inbox, store_uri, earlier, options)
-            except (RefusedError, InputError):
-                pass  # that file's own task quarantines it
-    result: dict[str, Any] = {"path": relative, "run": run, "step": step}
-    source = inbox.uri_of(inbox.join(relative))
-    try:
-        if storage.is_file(store.fs, manifest_path(store, run, step)):
-            state = _read(inbox, relative)
-            manifest = read_manifest(store, run, step)
-            if not same_content(state, manifest):
-                return {**result, "status": "conflict",
-                        "reason": f"step {step} of run {run} is already stored with different content"}
-            result["status"] = "stored" if manifest.get("source", {}).get("file") == source else "already stored"
-            stored = summary(manifest, store.uri)
-        else:
-            stored = _store(inbox, store_uri, item, options)
-            result["status"] = "stored"
-    except (RefusedError, InputError) as exc:
-        target = storage.quarantine(inbox, relative, run_id, exc.message)
-        return {**result, "status": "quarantined", "reason": exc.message, "quarantined_to": inbox.uri_of(target)}
-    result.update({key: stored[key] for key in ("kind", "base", "raw_bytes", "stored_bytes", "ratio", "lossy")})
-    result["verified"] = verify(store_uri, run, step, workers=settings.workers)["ok"]
-    result["retired_to"] = inbox.uri_of(storage.move_to_trash(inbox, relative, run_id))
+    prefix = journal_prefix(relative)
+    with lease.holding(store, f"run-{run}", holder=holder or run_id, purpose=f"checkpoint ingest of {relative}"):
+        recovered = _recover(inbox, store, prefix)
+        for earlier in scan(inbox_uri, settings.inbox_min_age, run=run)["ready"]:
+            if earlier["step"] < step and not storage.is_file(store.fs, manifest_path(store, run, earlier["step"])):
+                try:
+                    _store(inbox, store_uri, earlier, options)
+                except (RefusedError, InputError):
+                    pass  # that file's own task quarantines it (or a sibling stored it meanwhile)
+        result: dict[str, Any] = {"path": relative, "run": run, "step": step, "recovered": recovered}
+        if not storage.is_file(inbox.fs, inbox.join(relative)):
+            return _retired_before(inbox, store_uri, result, settings)
+        attempt = secrets.token_hex(6)
+        entry = journal.Journal.begin(inbox, f"{prefix}a{attempt}", KIND, [], [relative],
+                                      meta={"store": store.uri, "run": run, "step": step, "attempt": attempt},
+                                      trash_id=run_id)
+        try:
+            stored = _stored_or_store(inbox, store, store_uri, item, options, attempt, result)
+        except (RefusedError, InputError) as exc:
+            if isinstance(exc, StepCommittedError):
+                raise
+            entry.rollback()
+            target = storage.quarantine(inbox, relative, run_id, exc.message)
+            return {**result, "status": "quarantined", "reason": exc.message, "quarantined_to": inbox.uri_of(target)}
+        if stored is None:
+            entry.rollback()
+            return {**result, "status": "conflict",
+                    "reason": f"step {step} of run {run} is already stored with different content"}
+        result.update({key: stored[key] for key in ("kind", "base", "raw_bytes", "stored_bytes", "ratio", "lossy")})
+        result["verified"] = _verify(store_uri, run, step, settings)
+        entry.commit()
+    result["retired_to"] = inbox.uri_of(inbox.join(storage.TRASH_DIR, run_id, relative))
     return result
+
+
+def _verify(store_uri: str, run: str, step: int, settings) -> bool:
+    from seedance_tasks.checkpoint.store import verify
+
+    return verify(store_uri, run, step, workers=settings.workers)["ok"]
+
+
+def _stored_or_store(inbox, store, store_uri, item, options, attempt, result) -> dict | None:
+    """Store the item (or find it stored, also by a concurrent save): its summary, None on a conflict."""
+    from seedance_tasks.checkpoint.store import (
+        StepCommittedError,
+        manifest_path,
+        read_manifest,
+        same_content,
+        summary,
+    )
+
+    run, step = result["run"], result["step"]
+    if not storage.is_file(store.fs, manifest_path(store, run, step)):
+        try:
+            stored = _store(inbox, store_uri, item, options, attempt)
+            result["status"] = "stored"
+            return stored
+        except StepCommittedError:
+            pass  # a concurrent save committed it first: compare with what it stored
+    manifest = read_manifest(store, run, step)
+    if not same_content(_read(inbox, result["path"]), manifest):
+        return None
+    source = inbox.uri_of(inbox.join(result["path"]))
+    result["status"] = "stored" if manifest.get("source", {}).get("file") == source else "already stored"
+    return summary(manifest, store.uri)
+
+
+def _retired_before(inbox, store_uri: str, result: dict, settings) -> dict:
+    """The raw file is gone: an earlier attempt stored, verified and retired it (else an error)."""
+    from seedance_tasks.checkpoint.store import committed_steps, read_manifest, summary
+
+    store = storage.resolve(store_uri)
+    source = inbox.uri_of(inbox.join(result["path"]))
+    if result["step"] in committed_steps(store, result["run"]):
+        manifest = read_manifest(store, result["run"], result["step"])
+        if manifest.get("source", {}).get("file") == source:
+            stored = summary(manifest, store.uri)
+            result.update({key: stored[key] for key in ("kind", "base", "raw_bytes", "stored_bytes", "ratio", "lossy")})
+            return {**result, "status": "stored", "verified": _verify(store_uri, result["run"], result["step"], settings),
+                    "retired_to": None}
+    raise InputError(f"inbox file {source} is gone and its step is not stored from it",
+                     hint="it was moved away since the scan; scan the inbox again")
 
 
 def _read(inbox, relative: str):
@@ -128,13 +216,13 @@ def _read(inbox, relative: str):
             os.unlink(local)
 
 
-def _store(inbox, store_uri: str, item: dict, options: dict) -> dict:
+def _store(inbox, store_uri: str, item: dict, options: dict, attempt: str | None = None) -> dict:
     """Read one inbox file safely and save it as its run/step; the save summary."""
     from seedance_tasks.checkpoint.store import save_state
 
     state = _read(inbox, item["path"])
     source = {"file": inbox.uri_of(inbox.join(item["path"])), "size": item.get("size")}
-    return save_state(state, store_uri, item["run"], int(item["step"]), source=source, **options)
+    return save_state(state, store_uri, item["run"], int(item["step"]), source=source, attempt=attempt, **options)
 
 
 def report(results: list[dict]) -> dict:

@@ -37,3 +37,8 @@ class CheckpointSettings(StrictModel):
         True, description="keep in memory the states later save() calls delta against (<= 2 for K=8)"
     )
     inbox_min_age: Duration = Field(60, description="inbox files younger than this are left (still being written)")
+    archive_locations: list[str] = Field(
+        default_factory=list,
+        description="roots (folders, s3:// prefixes) a manifest may place data files under, besides the store "
+        "and lifecycle.tiers.<tier>.uri; a manifest naming any other place is refused",
+    )

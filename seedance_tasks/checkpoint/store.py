@@ -17,8 +17,12 @@ Layout and manifest (format `seedance-checkpoint/1`), which GC and tiering rely 
   <= 2 whatever K). A missing group member only means the next save starts a new keyframe.
 - `metrics`, `tags`, `stats` (raw/stored bytes, ratio, seconds), `source`, `created_at`, `id`.
 
-A checkpoint is immutable once committed. A step directory without a manifest is an interrupted
-save: invisible to readers, overwritten by the next save of that step.
+The manifest format is owned by `manifest.py` (typed, validated on every read) and the
+listing, commits and rewrites by `catalog.py`. A checkpoint is immutable once committed.
+Committing is an exclusive create of the manifest: of two saves of one step exactly one wins;
+the other gets StepCommittedError and removes its own data files, which are named for its
+attempt (`data-<attempt>-NNNN.bin`), so a step never mixes two saves. A step directory without
+a manifest is an interrupted save: invisible to readers.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import mmap
 import os
 import posixpath
 import re
+import secrets
 import threading
 import time
 import uuid
@@ -44,76 +49,34 @@ import pyarrow.fs as pafs
 
 from seedance_tasks import storage
 from seedance_tasks.checkpoint import codecs
-from seedance_tasks.checkpoint.tree import flatten, unflatten
+from seedance_tasks.checkpoint.catalog import (  # noqa: F401 - re-exported: the store's public API
+    check_run_name,
+    commit_manifest,
+    committed_steps,
+    explain_unreadable,
+    manifest_path,
+    note_restore,
+    read_manifest,
+    runs,
+)
+from seedance_tasks.checkpoint.manifest import FORMAT, MANIFEST, STEP_DIR, step_dir  # noqa: F401
+from seedance_tasks.checkpoint.tree import flatten, keep_exact, same_tree, unflatten
 from seedance_tasks.errors import IntegrityError, RefusedError, UsageError
 from seedance_tasks.storage import Location
 
-FORMAT = "seedance-checkpoint/1"
-MANIFEST = "manifest.json"
-STEP_DIR = re.compile(r"^step-(\d+)$")
 LOSSY_DTYPES = {"float32", "float64"}
 log = logging.getLogger(__name__)
 
 
-def step_dir(step: int) -> str:
-    return f"step-{int(step)}"
+class StepCommittedError(RefusedError):
+    """Another save committed this step first (or it was stored before): nothing of ours is left."""
 
 
-def _check_name(run: str) -> str:
-    if not run or run.startswith((".", "_")) or "/" in run or run in {".", ".."}:
-        raise UsageError(f"bad run name {run!r}", hint="a run is one path component, not starting with . or _")
-    return run
+_check_name = check_run_name
 
 
 def _workers(workers: int) -> int:
     return workers or os.cpu_count() or 1
-
-
-# --------------------------------------------------------------------------- listing
-
-
-def committed_steps(store: Location, run: str) -> list[int]:
-    """The committed steps of `run` (those with a manifest), ascending."""
-    selector = pafs.FileSelector(store.join(_check_name(run)), recursive=True, allow_not_found=True)
-    steps = set()
-    for info in store.fs.get_file_info(selector):
-        if info.type != pafs.FileType.File or posixpath.basename(info.path) != MANIFEST:
-            continue
-        match = STEP_DIR.match(posixpath.basename(posixpath.dirname(info.path)))
-        if match and posixpath.dirname(posixpath.dirname(info.path)) == store.join(run):
-            steps.add(int(match.group(1)))
-    return sorted(steps)
-
-
-def runs(store: Location) -> list[str]:
-    """Run names in the store (directories not hidden)."""
-    selector = pafs.FileSelector(store.path, recursive=False, allow_not_found=True)
-    return sorted(
-        posixpath.basename(info.path)
-        for info in store.fs.get_file_info(selector)
-        if info.type == pafs.FileType.Directory and not storage.is_hidden(posixpath.basename(info.path))
-    )
-
-
-def manifest_path(store: Location, run: str, step: int) -> str:
-    return store.join(run, step_dir(step), MANIFEST)
-
-
-def read_manifest(store: Location, run: str, step: int) -> dict:
-    """The manifest of a committed checkpoint; IntegrityError if missing or unreadable."""
-    path = manifest_path(store, run, step)
-    try:
-        manifest = storage.read_json(store.fs, path)
-    except FileNotFoundError:
-        raise IntegrityError(
-            f"checkpoint {run}/{step_dir(step)} is missing (no {path})",
-            hint=f"`seedance ckpt ls --store {store.uri} --run {run}` lists what is stored",
-        ) from None
-    except ValueError as exc:
-        raise IntegrityError(f"manifest {path} is unreadable: {exc}") from None
-    if manifest.get("format") != FORMAT:
-        raise IntegrityError(f"manifest {path} has format {manifest.get('format')!r}, expected {FORMAT}")
-    return manifest
 
 
 def file_location(store: Location, run: str, step: int, name: str, entry: dict) -> tuple[pafs.FileSystem, str]:
@@ -173,7 +136,7 @@ def _prepare(name: str, tensor, lossy: str | None, lossy_min_elements: int) -> _
         lossy == "bf16"
         and dtype in LOSSY_DTYPES
         and tensor.numel() >= lossy_min_elements
-        and not name.endswith("step")
+        and not keep_exact(name)
     ):
         stored, applied = tensor.detach().to(torch.bfloat16), "bf16"
     return _Prepared(
@@ -260,11 +223,15 @@ def save_state(
     tags: Iterable[str] = (),
     source: dict | None = None,
     progress: Callable[[int], None] | None = None,
+    attempt: str | None = None,
 ) -> dict:
     """Store `state` as checkpoint `run`/`step`; returns the summary (bytes, ratio, kind, base, MB/s).
 
-    The data files are written first and the manifest last, so a crash leaves either the whole
-    checkpoint or none. A committed step is never overwritten (RefusedError).
+    The data files are written first, under names unique to this attempt (`attempt`, default a
+    random token), and the manifest last, by an exclusive create: a crash leaves either the whole
+    checkpoint or none, and of two concurrent saves of a step one commits while the other raises
+    StepCommittedError (a RefusedError) after removing its own files. A committed step is never
+    overwritten.
     """
     started = time.perf_counter()
     codec = codec or settings.codec
@@ -281,11 +248,11 @@ def save_state(
     step = int(step)
     store = storage.resolve(store_uri)
     _check_name(run)
+    attempt = attempt or secrets.token_hex(6)
+    if not re.fullmatch(r"[0-9a-z]{1,32}", attempt):
+        raise UsageError(f"bad save attempt token {attempt!r}", hint="letters and digits only")
     if storage.is_file(store.fs, manifest_path(store, run, step)):
-        raise RefusedError(
-            f"checkpoint {run}/{step_dir(step)} is already stored in {store.uri}",
-            hint="checkpoints are immutable: save under a new step",
-        )
+        raise _already_stored(store, run, step)
     skeleton, named = flatten(state)
     prepared = [_prepare(name, tensor, lossy, settings.lossy_min_elements) for name, tensor in named]
     chunk_size = max(settings.chunk_size, 1)
@@ -354,7 +321,8 @@ def save_state(
                 snapshot[item.name][start:stop] = raw
             return payload, hashlib.sha256(raw).hexdigest()
 
-        files = _write_chunks(store, run, step, tasks, pool, encode, workers, settings.data_file_size, progress)
+        files = _write_chunks(store, run, step, tasks, pool, encode, workers, settings.data_file_size, progress,
+                              attempt)
 
     raw_total = sum(item.original_bytes for item in prepared)  # as given, before any lossy downcast
     stored_total = sum(entry["size"] for entry in files.values())
@@ -404,7 +372,15 @@ def save_state(
             "codecs": _codec_counts(prepared),
         },
     }
-    storage.write_json_atomic(store.fs, manifest_path(store, run, step), manifest)
+    try:
+        committed = commit_manifest(store, manifest)
+    except BaseException:
+        if _committed_by(store, run, step) is None:  # ours may have landed before the error: keep it
+            _discard(store, run, step, files)
+        raise
+    if not committed:  # another save of this step won the race: leave nothing of ours behind
+        _discard(store, run, step, files)
+        raise _already_stored(store, run, step, raced=True)
     if settings.cache_base:
         needed = _still_needed(group, keyframe_every, reference)
         with _CACHE_LOCK:
@@ -445,8 +421,52 @@ def summary(manifest: dict, store_uri: str, seconds: float | None = None) -> dic
     }
 
 
-def _write_chunks(store, run, step, tasks, pool, encode, workers, data_file_size, progress) -> dict:
-    """Encode `tasks` in parallel (bounded window) and append them in order to the data files."""
+def _already_stored(store: Location, run: str, step: int, raced: bool = False) -> StepCommittedError:
+    how = "was committed by another save at the same time" if raced else "is already stored"
+    return StepCommittedError(
+        f"checkpoint {run}/{step_dir(step)} {how} in {store.uri}; this save left nothing behind",
+        hint="checkpoints are immutable: save under a new step (or load the stored one)",
+    )
+
+
+def _committed_by(store: Location, run: str, step: int) -> str | bool | None:
+    """The id of the committed manifest of `run`/`step`, None if there is none, True if unknown."""
+    try:
+        return storage.read_json(store.fs, manifest_path(store, run, step)).get("id") or True
+    except FileNotFoundError:
+        return None
+    except Exception:  # cannot tell (storage down): keep our files rather than risk a committed step
+        return True
+
+
+def _discard(store: Location, run: str, step: int, names) -> None:
+    """Delete data files of an attempt that did not commit (nothing refers to them)."""
+    from seedance_tasks.journal import prune_empty_dirs
+
+    for name in names:
+        path = store.join(run, step_dir(step), name)
+        if storage.is_file(store.fs, path):
+            store.fs.delete_file(path)
+    prune_empty_dirs(store, posixpath.join(run, step_dir(step)))
+
+
+def discard_attempt(store: Location, run: str, step: int, attempt: str) -> list[str]:
+    """Remove the data files an interrupted save `attempt` of `run`/`step` left, unless the
+    committed manifest uses them; returns their names. For the recovery of a killed attempt."""
+    prefix = f"data-{attempt}-"
+    used: set[str] = set()
+    if storage.is_file(store.fs, manifest_path(store, run, step)):
+        used = set(read_manifest(store, run, step)["files"])
+    listing = storage.list_tree(store.child(run, step_dir(step)))
+    names = [posixpath.basename(info.path) for info in listing.files]
+    left = [name for name in names if name.startswith(prefix) and name not in used]
+    _discard(store, run, step, left)
+    return left
+
+
+def _write_chunks(store, run, step, tasks, pool, encode, workers, data_file_size, progress, attempt) -> dict:
+    """Encode `tasks` in parallel (bounded window) and append them in order to the data files
+    (`data-<attempt>-NNNN.bin`); on an error, the files written so far are removed."""
     files: dict[str, dict] = {}
     directory = store.join(run, step_dir(step))
     store.fs.create_dir(directory, recursive=True)
@@ -475,7 +495,7 @@ def _write_chunks(store, run, step, tasks, pool, encode, workers, data_file_size
                 if stream is not None:
                     stream.close()
                     files[name]["size"] = offset
-                name = f"data-{len(files):04d}.bin"
+                name = f"data-{attempt}-{len(files):04d}.bin"
                 stream = store.fs.open_output_stream(posixpath.join(directory, name))
                 files[name] = {"size": 0, "tier": "hot", "uri": None}
                 offset = 0
@@ -489,12 +509,20 @@ def _write_chunks(store, run, step, tasks, pool, encode, workers, data_file_size
             if progress:
                 progress(stop - start)
         if stream is None:  # a checkpoint without tensors still gets its (empty) data file
-            name = "data-0000.bin"
+            name = f"data-{attempt}-0000.bin"
             stream = store.fs.open_output_stream(posixpath.join(directory, name))
             files[name] = {"size": 0, "tier": "hot", "uri": None}
         stream.close()
         files[name]["size"] = offset
         stream = None
+    except BaseException:
+        for _task, future in window:
+            future.cancel()
+        if stream is not None:
+            stream.close()
+            stream = None
+        _discard(store, run, step, files)
+        raise
     finally:
         if stream is not None:
             stream.close()
@@ -562,8 +590,6 @@ class _Files:
         try:
             data = opened.read_at(length, offset)  # pyarrow: thread-safe positional read (one ranged GET)
         except OSError:  # an archive-class object (GLACIER...) is refused with a clear message
-            from seedance_tasks.lifecycle.archive import explain_unreadable
-
             explain_unreadable(self.where(name), self.run, self.manifest["step"], self.store.uri)
             raise
         if len(data) != length:
@@ -744,8 +770,6 @@ def load_state(store_uri: str, run: str, step: int | None, *, workers: int = 0, 
     chain = _Chain(store, _check_name(run), step)
     raw = _decode_tensors(chain, list(chain.tensors), workers, progress)
     tensors = [_to_tensor(entry, raw[entry["name"]]) for entry in chain.manifest["tensors"]]
-    from seedance_tasks.lifecycle.inventory import note_restore
-
     note_restore(store, run, step)  # tiering counts age since the last restore
     if chain.manifest.get("lossy"):
         log.warning(
@@ -759,7 +783,7 @@ def load_state(store_uri: str, run: str, step: int | None, *, workers: int = 0, 
 def same_content(state: Any, manifest: dict) -> bool:
     """True if `state` has the same tree and the same tensor bytes (chunk sha256s) as `manifest`."""
     skeleton, named = flatten(state)
-    if skeleton != manifest["tree"] or len(named) != len(manifest["tensors"]):
+    if not same_tree(skeleton, manifest["tree"]) or len(named) != len(manifest["tensors"]):
         return False
     for (name, tensor), entry in zip(named, manifest["tensors"], strict=True):
         item = _prepare(name, tensor, entry.get("lossy"), 1)
@@ -828,8 +852,10 @@ def list_checkpoints(store_uri: str, run: str | None = None) -> list[dict]:
     return rows
 
 
-def verify_run(store_uri: str, run: str, step: int | None = None, *, workers: int = 0) -> dict:
+def verify_run(store_uri: str, run: str, step: int | None = None, *, workers: int = 0,
+               on_progress: Callable[[int, int], None] | None = None) -> dict:
     """Verify one step or every committed step of `run`; returns {checked, damaged: [{step, error}]}.
+    `on_progress(steps_done, steps_total)` is called after each step.
 
     Never raises for damage: the caller decides (the CLI exits non-zero when `damaged` is not empty).
     """
@@ -844,6 +870,8 @@ def verify_run(store_uri: str, run: str, step: int | None = None, *, workers: in
             checked.append(item)
         except IntegrityError as exc:
             damaged.append({"step": item, "error": exc.message})
+        if on_progress:
+            on_progress(len(checked) + len(damaged), len(steps))
     return {"store": store.uri, "run": run, "checked": checked, "damaged": damaged, "ok": not damaged}
 
 

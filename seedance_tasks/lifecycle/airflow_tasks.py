@@ -32,7 +32,7 @@ def plan_task(params: dict | None, run_type: str | None = None) -> dict:
     """Resolve the store, check the policy, finish interrupted runs (when applying), list the runs."""
     from seedance_tasks import storage
     from seedance_tasks.checkpoint.store import runs
-    from seedance_tasks.lifecycle import gc, policy
+    from seedance_tasks.lifecycle import policy
 
     params = params or {}
     settings = _settings()
@@ -45,11 +45,12 @@ def plan_task(params: dict | None, run_type: str | None = None) -> dict:
     names = [params["run"]] if params.get("run") else runs(location)
     for name in names:  # a bad policy fails here, before any run is touched
         policy.policy_with(settings.lifecycle, name, **overrides)
-    recovered = gc.recover(location) if apply else []
+    # interrupted GC/tiering of a run is recovered by that run's own gc/tier task, under its lease
     return {"store": location.uri, "apply": apply, "runs": names, "overrides": overrides,
-            "recovered": recovered, "purge_older_than": params.get("purge_older_than") or None}
+            "purge_older_than": params.get("purge_older_than") or None}
 
 
+@fail_fast
 def runs_task(planned: dict) -> list[dict]:
     """One item per run to map GC and tiering over."""
     return [{"store": planned["store"], "run": run, "apply": planned["apply"], "overrides": planned["overrides"]}
@@ -58,27 +59,31 @@ def runs_task(planned: dict) -> list[dict]:
 
 @fail_fast
 def gc_task(item: dict) -> dict:
-    """GC one run; returns counts, bytes freed and the cost before/after (no per-step lists)."""
+    """GC one run under its lease (held by this DAG run); returns counts, bytes freed, the cost
+    before/after (no per-step lists) and what it recovered of an earlier attempt."""
+    from seedance_tasks.dag_support import airflow_lease_holder
     from seedance_tasks.lifecycle.gc import collect
 
-    result = collect(item["store"], [item["run"]], apply=item["apply"], **item["overrides"])
+    result = collect(item["store"], [item["run"]], apply=item["apply"], holder=airflow_lease_holder(),
+                     **item["overrides"])
     return {**item, "deleted": result["checkpoints_deleted"], "kept": result["checkpoints_kept"],
-            "bytes_freed": result["bytes_freed"], "cost": result["cost"]}
+            "bytes_freed": result["bytes_freed"], "cost": result["cost"], "recovered": result["recovered"]}
 
 
 @fail_fast
 def tier_task(gc_result: dict) -> dict:
     """Tier one run (after its GC); returns what moved where and the cost before/after."""
+    from seedance_tasks.dag_support import airflow_lease_holder
     from seedance_tasks.lifecycle.tiering import tier
 
-    result = tier(gc_result["store"], [gc_result["run"]], apply=gc_result["apply"])
+    result = tier(gc_result["store"], [gc_result["run"]], apply=gc_result["apply"], holder=airflow_lease_holder())
     moved: dict[str, int] = {}
     for move in result["moves"]:
         moved[move["to"]] = moved.get(move["to"], 0) + 1
     return {"store": gc_result["store"], "run": gc_result["run"], "apply": gc_result["apply"],
             "gc": {k: gc_result[k] for k in ("deleted", "kept", "bytes_freed")}, "gc_cost": gc_result["cost"],
             "moved": moved, "bytes_moved": result["bytes_moved"], "skipped": len(result["skipped"]),
-            "cost": result["cost"]}
+            "cost": result["cost"], "recovered": gc_result.get("recovered", []) + result["recovered"]}
 
 
 @fail_fast
@@ -113,5 +118,5 @@ def report_task(planned: dict, results: list[dict], purged: dict) -> dict:
         "moved": sum(sum(r["moved"].values()) for r in results),
         "monthly_usd_before": str(before), "monthly_usd_after": str(after),
         "monthly_usd_saved": str(before - after), "purged_bytes": purged.get("bytes", 0),
-        "store_now": now, "recovered": planned["recovered"],
+        "store_now": now, "recovered": [item for r in results for item in r.get("recovered", [])],
     }

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from seedance_tasks.cli_support import JSON_OPTION, console, emit, handle_errors, table
+from seedance_tasks.cli_support import JSON_OPTION, console, emit, handle_errors, progress, table
 
 STORE_OPTION = typer.Option(None, "--store", help="checkpoint store (default: lifecycle.store, else checkpoint.store)")
 
@@ -55,10 +55,11 @@ def gc(
     from seedance_tasks.lifecycle.gc import collect
 
     mode = None if higher_is_better is None else ("max" if higher_is_better else "min")
-    result = collect(
-        _store(store), run or None, apply=apply, keep_last=keep_last, keep_every=keep_every,
-        keep_best=keep_best, metric=metric, metric_mode=mode,
-    )
+    with progress("checkpoint gc", enabled=not as_json) as bar:
+        result = collect(
+            _store(store), run or None, apply=apply, keep_last=keep_last, keep_every=keep_every,
+            keep_best=keep_best, metric=metric, metric_mode=mode, on_progress=bar.update,
+        )
 
     def render(res: dict) -> None:
         verb = "deleted" if res["applied"] else "would delete"
@@ -98,7 +99,8 @@ def tier(
     """
     from seedance_tasks.lifecycle.tiering import tier as run_tiering
 
-    result = run_tiering(_store(store), run or None, apply=apply)
+    with progress("tiering", enabled=not as_json) as bar:
+        result = run_tiering(_store(store), run or None, apply=apply, on_progress=bar.update)
 
     def render(res: dict) -> None:
         verb = "moved" if res["applied"] else "would move"

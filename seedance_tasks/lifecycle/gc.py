@@ -1,22 +1,29 @@
 """Retention GC: drop the checkpoints a run's policy does not keep, crash-safely.
 
-Per run, one journaled step: the journal lists every manifest to remove (newest first, so a
-delta always leaves before its base) and then every data file. Applying it moves each manifest
-to the store's trash first -- the checkpoint leaves the listing -- and then its data files, to
-the trash of the root they live under (store or tier location); archive-class S3 objects, which
-S3 cannot copy, are deleted instead. The bytes are freed by `seedance trash purge`. A kept
-checkpoint and every base in its chain are never in the journal. A kill -9 at any point leaves
-every kept checkpoint restorable; the next run rolls the journal forward.
+Per run, under the run's lease (`run-<run>`, so a second GC, a tiering pass or an ingest of the
+same run waits or is refused naming the holder), one journaled step: the journal lists every
+manifest to remove (newest first, so a delta always leaves before its base) and then every
+data file. Applying it moves each manifest to the store's trash first -- the checkpoint leaves
+the listing -- and then its data files, to the trash of the root they live under (store or tier
+location); archive-class S3 objects, which S3 cannot copy, are deleted instead. The bytes are
+freed by `seedance trash purge`. A kept checkpoint and every base in its chain are never in the
+journal. Manifests are read through the catalog, so a file outside the store's trusted roots is
+never named, and a checkpoint reached through a symlink is left alone and reported.
+
+Attempt-safe: every attempt has its own journal (`gc-<run key>-<time>-<token>`) and first
+recovers the journals earlier attempts on the same run left (roll forward past the point of no
+return, else back), so a kill -9 or a transient error at any point is finished by the retry.
 """
 
 from __future__ import annotations
 
 import posixpath
+from collections.abc import Callable
 from datetime import UTC, datetime
 
 from seedance_tasks import journal as journals
 from seedance_tasks import storage
-from seedance_tasks.checkpoint import store as ckpt
+from seedance_tasks.checkpoint import catalog
 from seedance_tasks.lifecycle import costs, inventory, journaled, policy
 from seedance_tasks.lifecycle.settings import ARCHIVE_CLASSES, LifecycleSettings
 from seedance_tasks.storage import Location
@@ -28,15 +35,13 @@ def load_lifecycle_settings(**overrides) -> LifecycleSettings:
     return settings_with(load_settings(), "lifecycle", **overrides)
 
 
-def recover(store: Location) -> list[dict]:
-    """Finish the GC and tiering steps a killed run left under `store` (roll forward or back)."""
+def recover(store: Location, run: str, roots: list[str]) -> list[dict]:
+    """Finish the GC and tiering attempts a killed run left on `run` (call under its lease)."""
     from seedance_tasks.lifecycle import tiering
 
-    outcomes = []
-    for entry in journaled.pending(store, journaled.GC_KIND):
-        journaled.roll_forward(entry)  # nothing is touched before the journal is complete
-        outcomes.append({"run_id": entry.run_id, "kind": entry.kind, "action": "rolled forward"})
-    outcomes.extend(tiering.recover(store))
+    outcomes = [{**item, "kind": journaled.GC_KIND} for item in journals.recover(
+        store, journaled.GC_KIND, journaled.prefix(journaled.GC_KIND, run), external_roots=roots)]
+    outcomes.extend(tiering.recover(store, run, roots))
     return outcomes
 
 
@@ -53,17 +58,36 @@ def _removal(store: Location, manifests: list[dict]) -> tuple[list[str], list[di
                 retires.append(ref.rel)
             else:
                 external.append({"root": ref.root, "rel": ref.rel, "delete": archived})
-        restored = inventory.restored_path(store, manifest["run"], manifest["step"])
-        if storage.is_file(store.fs, restored):
-            retires.append(store.relative(restored))
+        restored = inventory.restored_rel(manifest["run"], manifest["step"])
+        if storage.is_file(store.fs, store.join(restored)):
+            retires.append(restored)
     return retires, external
 
 
-def plan_run(store: Location, run: str, rules: policy.RetentionPolicy, now: datetime) -> dict:
+def _linked(store: Location, manifest: dict) -> str | None:
+    """Why a checkpoint must be left alone: a file of it is reached through a symlink (else None)."""
+    for name in sorted(manifest["files"]):
+        ref = inventory.file_ref(store, manifest, name)
+        link = journaled.through_link(storage.resolve(ref.root), ref.rel)
+        if link:
+            return f"{ref.root}/{link} is a symlink (never followed)"
+    return None
+
+
+def plan_run(store: Location, run: str, rules: policy.RetentionPolicy, now: datetime,
+             roots: list[str] | None = None) -> dict:
     """What GC would do to `run`: kept steps with reasons, garbage steps with bytes."""
-    found = inventory.manifests(store, run)
+    found = inventory.manifests(store, run, roots)
     kept = policy.select(found, rules, now)
-    garbage = [m for m in found if m["step"] not in kept]
+    garbage, refused = [], []
+    for manifest in found:
+        if manifest["step"] in kept:
+            continue
+        reason = _linked(store, manifest)
+        if reason:
+            refused.append({"step": manifest["step"], "reason": reason})
+        else:
+            garbage.append(manifest)
     return {
         "run": run,
         "policy": rules.model_dump(mode="json"),
@@ -75,6 +99,7 @@ def plan_run(store: Location, run: str, rules: policy.RetentionPolicy, now: date
         ],
         "bytes_freed": sum(inventory.stored_bytes(m) for m in garbage),
         "unrestorable_kept": policy.missing_bases(found, kept),
+        "refused": refused,
         "_manifests": found,
         "_garbage": garbage,
     }
@@ -88,6 +113,8 @@ def collect(
     apply: bool = False,
     now: datetime | None = None,
     trash_id: str | None = None,
+    holder: str | None = None,
+    on_progress: Callable[[int, int], None] | None = None,
     **policy_overrides,
 ) -> dict:
     """GC `runs` (default: every run) of the store; a dry run unless `apply`.
@@ -95,28 +122,41 @@ def collect(
     Returns {"store", "applied", "runs": [...], "checkpoints_deleted", "bytes_freed", "cost":
     {"before", "after", "saving"}, "trash_id", "recovered"}. Policy options (keep_last, keep_every,
     keep_best, metric, metric_mode, keep_tagged, min_age) override the config per call; a bad
-    policy raises UsageError before anything is read.
+    policy raises UsageError before anything is read. With `apply`, each run is collected under
+    its lease, held as `holder` (default: this call's run id); LeaseHeldError if another holds it.
+    `on_progress(done, total)` is called as runs are done.
     """
     settings = settings or load_lifecycle_settings()
     store = storage.resolve(store_uri)
     now = now or datetime.now(UTC)
-    names = runs or ckpt.runs(store)
+    names = [catalog.check_run_name(run) for run in runs] if runs else catalog.runs(store)
     rules = {run: policy.policy_with(settings, run, **policy_overrides) for run in names}
-    recovered = recover(store) if apply else []
+    roots = journaled.roots(store, settings)
     trash_id = trash_id or storage.new_run_id()  # real time: purge dates trash by it
-    plans = [plan_run(store, run, rules[run], now) for run in names]
+    holder = holder or f"gc-{trash_id}"
+    plans, recovered = [], []
+    for index, run in enumerate(names):
+        if on_progress:
+            on_progress(index, len(names))
+        if not apply:
+            plans.append(plan_run(store, run, rules[run], now, roots))
+            continue
+        with journaled.run_lease(store, run, holder, "checkpoint gc") as held:
+            recovered.extend(recover(store, run, roots))
+            plan = plan_run(store, run, rules[run], now, roots)
+            plans.append(plan)
+            if plan["_garbage"]:
+                retires, external = _removal(store, plan["_garbage"])
+                entry = journals.Journal.begin(
+                    store, journaled.new_id(journaled.GC_KIND, run), journaled.GC_KIND, [], retires,
+                    meta={"run": run, "steps": [m["step"] for m in plan["_garbage"]]},
+                    trash_id=trash_id, external=external, prune_empty_dirs=True,
+                )
+                held.check()  # the point of no return: only while the lease is still ours
+                entry.commit(external_roots=roots)
+    if on_progress:
+        on_progress(len(names), len(names))
     before = costs.report([m for p in plans for m in p["_manifests"]], settings)
-    if apply:
-        for plan in plans:
-            if not plan["_garbage"]:
-                continue
-            retires, external = _removal(store, plan["_garbage"])
-            entry = journals.Journal.begin(
-                store, storage.new_run_id(), journaled.GC_KIND, [], retires,
-                meta={"run": plan["run"], "steps": [m["step"] for m in plan["_garbage"]], "external": external},
-                trash_id=trash_id,
-            )
-            journaled.roll_forward(entry)
     after = costs.report([m for p in plans for m in p["_manifests"] if m not in p["_garbage"]], settings)
     for plan in plans:
         plan.pop("_manifests")

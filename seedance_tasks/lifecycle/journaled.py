@@ -1,69 +1,68 @@
-"""The journaled steps GC and tiering share: retire files (trash or, for archive classes, delete).
+"""What GC and tiering share: journal kinds and ids, the trusted roots, the run's lease, symlink checks.
 
-Both record their intent in a `seedance_tasks.journal.Journal` of their own kind before touching
-anything, with the in-store files to retire in `retires` (manifests first) and the files under
-other roots (tier locations) in `meta["external"]`. Rolling forward is idempotent, so `recover`
-at the start of every run finishes what a killed run left, whatever the point it died at.
+Both record their intent in a `seedance_tasks.journal.Journal` before touching anything: the
+in-store files to retire in `retires` (manifests first) and the files under tier locations in
+`external`, which the journal retires only under the roots passed as `external_roots` -- the
+store's configured tier locations (`roots`), never a root a journal or manifest names by itself.
+Each attempt names its journal `<kind>-<run key>-<token>`; the next attempt of the same run
+recovers exactly those (`prefix`), under the run's lease `run-<run>`.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import posixpath
+import secrets
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from seedance_tasks import journal as journals
-from seedance_tasks import storage
-from seedance_tasks.errors import IntegrityError
+from seedance_tasks import lease, storage
+from seedance_tasks.checkpoint.manifest import trusted_roots
+from seedance_tasks.lifecycle.settings import TIERS, LifecycleSettings
 from seedance_tasks.storage import Location
 
 GC_KIND = "ckpt-gc"
 TIER_KIND = "ckpt-tier"
+_PREFIX = {GC_KIND: "gc", TIER_KIND: "tier"}
 
 
-def retire(root: Location, rel: str, trash_id: str, *, delete: bool = False) -> str:
-    """Move `root/rel` to the root's trash (or delete it, for archive objects S3 cannot copy).
-
-    Idempotent: a file already gone (moved earlier, or deleted) counts as done. Returns what
-    happened: "trashed", "deleted" or "gone".
-    """
-    path = root.join(rel)
-    if delete:
-        if storage.is_file(root.fs, path):
-            root.fs.delete_file(path)
-            return "deleted"
-        return "gone"
-    try:
-        storage.move_to_trash(root, rel, trash_id)
-    except IntegrityError:  # neither in place nor in the trash: an earlier attempt's trash was purged
-        return "gone"
-    prune_empty_dirs(root, posixpath.dirname(rel))
-    return "trashed"
+def roots(store: Location, settings: LifecycleSettings) -> list[str]:
+    """The trusted roots of `store`'s data files: the store, the configured archive locations and
+    the tier locations of `settings` (the first is the store)."""
+    return trusted_roots(store.uri, [settings.tiers.spec(tier).uri for tier in TIERS])
 
 
-def prune_empty_dirs(root: Location, rel_dir: str) -> None:
-    """Remove now-empty local directories from `root/rel_dir` up to (not including) `root`."""
-    if root.is_s3:
-        return
-    while rel_dir and rel_dir not in (".", "/"):
-        try:
-            os.rmdir(root.join(rel_dir))
-        except OSError:
-            return
-        rel_dir = posixpath.dirname(rel_dir)
+def prefix(kind: str, run: str) -> str:
+    """The journal id prefix of every attempt of `kind` on `run`."""
+    return f"{_PREFIX[kind]}-{hashlib.sha256(run.encode()).hexdigest()[:16]}-"
 
 
-def roll_forward(entry: journals.Journal) -> None:
-    """Pass the point of no return, retire everything the journal lists, close it. Repeatable."""
-    if entry.state == journals.WRITING:
-        entry.state = journals.PUBLISHING
-        entry._save()
-    trash_id = entry.trash_id or entry.run_id
-    for rel in entry.retires:
-        retire(entry.root, rel, trash_id)
-    for item in entry.meta.get("external", []):
-        retire(storage.resolve(item["root"]), item["rel"], trash_id, delete=item.get("delete", False))
-    entry._finish(journals.DONE)
+def new_id(kind: str, run: str) -> str:
+    """A journal id of a new attempt (never reused)."""
+    return f"{prefix(kind, run)}{storage.new_run_id()}-{secrets.token_hex(4)}"
 
 
 def pending(store: Location, kind: str) -> list[journals.Journal]:
+    """Valid journals of `kind` under the store that did not finish."""
     return journals.pending(store, kind)
+
+
+@contextmanager
+def run_lease(store: Location, run: str, holder: str, purpose: str) -> Iterator[lease.Lease]:
+    """Hold the lease `run-<run>` of the store (LeaseHeldError naming the holder if another has it)."""
+    with lease.holding(store, f"run-{run}", holder=holder, purpose=purpose) as held:
+        yield held
+
+
+def through_link(root: Location, rel: str) -> str | None:
+    """The first component of `root/rel` that is a symlink (local disk), or None."""
+    if root.is_s3:
+        return None
+    parts = rel.split("/")
+    for end in range(1, len(parts) + 1):
+        partial = posixpath.join(*parts[:end])
+        if os.path.islink(root.join(partial)):
+            return partial
+    return None

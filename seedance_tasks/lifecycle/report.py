@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from seedance_tasks import storage
-from seedance_tasks.checkpoint import store as ckpt
-from seedance_tasks.lifecycle import costs, inventory
+from seedance_tasks import journal, storage
+from seedance_tasks.checkpoint import catalog
+from seedance_tasks.lifecycle import costs, inventory, journaled
 from seedance_tasks.lifecycle.settings import TIERS, LifecycleSettings
 
 
@@ -25,7 +25,8 @@ def store_report(store_uri: str, settings: LifecycleSettings | None = None) -> d
 
     settings = settings or load_lifecycle_settings()
     store = storage.resolve(store_uri)
-    found = [m for run in ckpt.runs(store) for m in inventory.manifests(store, run)]
+    trusted = journaled.roots(store, settings)
+    found = [m for run in catalog.runs(store) for m in inventory.manifests(store, run, trusted)]
     result = {"store": store.uri, **costs.report(found, settings)}
     trash = 0
     for root in roots(store_uri, settings):
@@ -36,11 +37,11 @@ def store_report(store_uri: str, settings: LifecycleSettings | None = None) -> d
 
 
 def purge(store_uri: str, older_than_s: float, settings: LifecycleSettings | None = None) -> dict:
-    """`storage.purge_trash` on the store and on every tier location; sums what was freed."""
+    """`journal.purge_trash` on the store and on every tier location; sums what was freed."""
     from seedance_tasks.lifecycle.gc import load_lifecycle_settings
 
     settings = settings or load_lifecycle_settings()
-    results = [storage.purge_trash(storage.resolve(root), older_than_s) for root in roots(store_uri, settings)]
+    results = [journal.purge_trash(storage.resolve(root), older_than_s) for root in roots(store_uri, settings)]
     return {
         "roots": [r["trash"] for r in results],
         "purged": sum(len(r["purged"]) for r in results),

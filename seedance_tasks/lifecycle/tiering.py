@@ -14,6 +14,11 @@ switch the manifest (one atomic write); then move the sources to their root's tr
 switch a crash leaves the checkpoint where it was (the next run removes the orphan copies);
 after it, the next run retires the sources. A tier without a location on an S3 store is a
 storage-class change of the objects in place (S3 CopyObject onto itself), then a manifest update.
+
+Each run is tiered under its lease (`run-<run>`); every attempt has its own journal and first
+recovers what earlier attempts on the run left. A journal is untrusted too: its moves are
+checked (every copy in the checkpoint's own slot under a trusted root) before a rollback deletes
+a copy. Files reached through a symlink are never copied or retired: that checkpoint is skipped.
 """
 
 from __future__ import annotations
@@ -21,14 +26,15 @@ from __future__ import annotations
 import hashlib
 import os
 import posixpath
+from collections.abc import Callable
 from datetime import UTC, datetime
 
+from seedance_tasks import faults, storage
 from seedance_tasks import journal as journals
-from seedance_tasks import storage
-from seedance_tasks.checkpoint import store as ckpt
+from seedance_tasks.checkpoint import catalog
+from seedance_tasks.checkpoint.manifest import FileRef, normal_root, step_dir
 from seedance_tasks.errors import IntegrityError, RefusedError
 from seedance_tasks.lifecycle import costs, inventory, journaled
-from seedance_tasks.lifecycle.inventory import FileRef
 from seedance_tasks.lifecycle.settings import ARCHIVE_CLASSES, TIERS, LifecycleSettings, TieringSettings
 from seedance_tasks.storage import Location
 
@@ -155,8 +161,8 @@ def _plan_moves(store: Location, manifest: dict, target: str, settings: Lifecycl
     moves = []
     for name in sorted(manifest["files"]):
         src = inventory.file_ref(store, manifest, name)
-        dst = FileRef(tier_root, inventory.tier_rel(manifest, name)) if tier_root else FileRef(
-            store.uri, posixpath.join(manifest["run"], ckpt.step_dir(manifest["step"]), name))
+        dst = FileRef(tier_root, inventory.tier_rel(manifest["run"], manifest["step"], manifest["id"], name)) \
+            if tier_root else FileRef(store.uri, posixpath.join(manifest["run"], step_dir(manifest["step"]), name))
         dst_s3 = dst.root.startswith("s3://")
         moves.append({
             "name": name, "src": {"root": src.root, "rel": src.rel}, "dst": {"root": dst.root, "rel": dst.rel},
@@ -166,11 +172,12 @@ def _plan_moves(store: Location, manifest: dict, target: str, settings: Lifecycl
     return moves
 
 
-def _switch(store: Location, run: str, step: int, manifest_id: str, moves: list[dict], target: str) -> None:
-    """Point the manifest's file entries at their new place (one atomic write)."""
-    manifest = ckpt.read_manifest(store, run, step)
+def _switch(store: Location, run: str, step: int, manifest_id: str, moves: list[dict], target: str,
+            roots: list[str]) -> None:
+    """Point the manifest's file entries at their new place (one atomic write, by the catalog)."""
+    manifest = catalog.read_manifest(store, run, step, roots)
     if manifest["id"] != manifest_id:
-        raise IntegrityError(f"{run}/{ckpt.step_dir(step)} was replaced while it was being tiered")
+        raise IntegrityError(f"{run}/{step_dir(step)} was replaced while it was being tiered")
     for move in moves:
         entry = manifest["files"][move["name"]]
         dst = FileRef(move["dst"]["root"], move["dst"]["rel"])
@@ -179,22 +186,49 @@ def _switch(store: Location, run: str, step: int, manifest_id: str, moves: list[
             tier=target, uri=None if in_store else dst.uri, root=None if in_store else dst.root,
             storage_class=move["storage_class"],
         )
-    inventory.write_manifest(store, manifest)
+    catalog.replace_manifest(store, manifest, roots)
 
 
-def _switched(store: Location, entry: journals.Journal) -> bool | None:
+def _switched(store: Location, entry: journals.Journal, roots: list[str]) -> bool | None:
     """True if the journal's manifest already points at the copies; None if the checkpoint is gone."""
     meta = entry.meta
     try:
-        manifest = ckpt.read_manifest(store, meta["run"], meta["step"])
+        manifest = catalog.read_manifest(store, meta["run"], meta["step"], roots)
     except IntegrityError:
         return None
     if manifest["id"] != meta["id"]:
         return None
     for move in meta["moves"]:
-        if inventory.file_ref(store, manifest, move["name"]).uri != FileRef(**move["dst"]).uri:
+        if move["name"] not in manifest["files"] or \
+                inventory.file_ref(store, manifest, move["name"]).uri != FileRef(**move["dst"]).uri:
             return False
     return True
+
+
+def _checked_moves(store: Location, entry: journals.Journal, roots: list[str]) -> list[dict]:
+    """The journal's moves, if every copy it names is in its checkpoint's own slot under a trusted
+    root (else IntegrityError naming the journal and the field): a rollback deletes those copies."""
+    meta, where = entry.meta, f"journal {entry.run_id} under {store.uri}"
+    try:
+        run, step, manifest_id = catalog.check_run_name(meta["run"]), int(meta["step"]), str(meta["id"])
+        moves = list(meta["moves"])
+        trusted = {normal_root(root) for root in roots}
+        for move in moves:
+            name = storage.confine(move["name"], what=f"{where} moves.name")
+            root = normal_root(move["dst"]["root"])
+            rel = storage.confine(move["dst"]["rel"], what=f"{where} moves.dst.rel")
+            expected = posixpath.join(run, step_dir(step), name) if root == normal_root(store.uri) else \
+                inventory.tier_rel(run, step, manifest_id, name)
+            if root not in trusted or rel != expected or "/" in name:
+                raise IntegrityError(f"{where}: moves.dst {move['dst']!r} is not the place of {run}/{step_dir(step)}"
+                                     f"/{name} under a trusted root; refused")
+    except (KeyError, TypeError, ValueError) as exc:
+        raise IntegrityError(f"{where}: its meta is malformed ({type(exc).__name__}: {exc}); refused") from None
+    except Exception as exc:  # UsageError of a bad run name
+        if isinstance(exc, IntegrityError):
+            raise
+        raise IntegrityError(f"{where}: {exc}; refused") from None
+    return moves
 
 
 def _set_class_in_place(move: dict) -> None:
@@ -203,42 +237,60 @@ def _set_class_in_place(move: dict) -> None:
         set_storage_class(storage.resolve(move["dst"]["root"]).join(move["dst"]["rel"]), move["storage_class"])
 
 
-def move_checkpoint(store: Location, manifest: dict, target: str, settings: LifecycleSettings, trash_id: str) -> dict:
-    """Move one checkpoint's data files to `target` (see the module doc); returns what was done."""
+def move_checkpoint(store: Location, manifest: dict, target: str, settings: LifecycleSettings, trash_id: str,
+                    roots: list[str] | None = None, held=None) -> dict:
+    """Move one checkpoint's data files to `target` (see the module doc); returns what was done.
+
+    `held`: the run's lease, checked before the manifest switch (the point of no return).
+    """
+    roots = roots if roots is not None else journaled.roots(store, settings)
     run, step = manifest["run"], manifest["step"]
     moves = _plan_moves(store, manifest, target, settings)
     blocked = [m["name"] for m in moves if m["src_storage_class"] in ARCHIVE_CLASSES and not m["in_place"]]
     if blocked:
         return {"run": run, "step": step, "to": target, "action": "skipped",
                 "reason": f"{len(blocked)} file(s) in an archive class; thaw them to move them"}
+    for move in moves:
+        for side in ("src", "dst"):
+            link = journaled.through_link(storage.resolve(move[side]["root"]), move[side]["rel"])
+            if link:
+                return {"run": run, "step": step, "to": target, "action": "skipped",
+                        "reason": f"{move[side]['root']}/{link} is a symlink (never followed)"}
     if all(m["in_place"] for m in moves):
         for move in moves:
             _set_class_in_place(move)
-        _switch(store, run, step, manifest["id"], moves, target)
+        if held:
+            held.check()
+        _switch(store, run, step, manifest["id"], moves, target, roots)
         return {"run": run, "step": step, "to": target, "action": "moved", "files": len(moves)}
     retires = [m["src"]["rel"] for m in moves if m["src"]["root"] == store.uri and not m["in_place"]]
     external = [{**m["src"], "delete": False} for m in moves if m["src"]["root"] != store.uri and not m["in_place"]]
     entry = journals.Journal.begin(
-        store, storage.new_run_id(), journaled.TIER_KIND, [], retires,
-        meta={"run": run, "step": step, "id": manifest["id"], "target": target, "moves": moves, "external": external},
-        trash_id=trash_id,
+        store, journaled.new_id(journaled.TIER_KIND, run), journaled.TIER_KIND, [], retires,
+        meta={"run": run, "step": step, "id": manifest["id"], "target": target, "moves": moves},
+        trash_id=trash_id, external=external, prune_empty_dirs=True,
     )
     for move in moves:
         if move["in_place"]:
             _set_class_in_place(move)
         else:
             copy_verified(FileRef(**move["src"]), FileRef(**move["dst"]), move["storage_class"])
-    _switch(store, run, step, manifest["id"], moves, target)
-    journaled.roll_forward(entry)
+        faults.point("ckpt.tier.copied")
+    if held:
+        held.check()
+    _switch(store, run, step, manifest["id"], moves, target, roots)
+    entry.commit(external_roots=roots)
     return {"run": run, "step": step, "to": target, "action": "moved", "files": len(moves)}
 
 
-def _drop_copies(entry: journals.Journal) -> None:
+def _drop_copies(moves: list[dict]) -> None:
     """Delete the copies of a tiering step that never switched its manifest (nothing refers to them)."""
-    for move in entry.meta["moves"]:
+    for move in moves:
         if move["in_place"]:
             continue
         dst = storage.resolve(move["dst"]["root"])
+        if journaled.through_link(dst, move["dst"]["rel"]):
+            continue
         path = dst.join(move["dst"]["rel"])
         if storage.is_file(dst.fs, path):
             dst.fs.delete_file(path)
@@ -247,21 +299,32 @@ def _drop_copies(entry: journals.Journal) -> None:
             for leftover in storage.list_files(storage.resolve(directory), include_hidden=True):
                 if posixpath.basename(leftover.path).startswith(f".{name}.copy-"):
                     dst.fs.delete_file(leftover.path)
-            journaled.prune_empty_dirs(dst, posixpath.dirname(move["dst"]["rel"]))
+            journals.prune_empty_dirs(dst, posixpath.dirname(move["dst"]["rel"]))
 
 
-def recover(store: Location) -> list[dict]:
-    """Finish the tiering steps a killed run left: forward if the manifest switched, else back."""
+def recover(store: Location, run: str, roots: list[str]) -> list[dict]:
+    """Finish the tiering attempts a killed run left on `run`: forward if the manifest switched,
+    else back (the copies are removed). Call under the run's lease."""
     outcomes = []
-    for entry in journaled.pending(store, journaled.TIER_KIND):
-        switched = _switched(store, entry) if entry.state == journals.WRITING else True
-        if switched:
-            journaled.roll_forward(entry)
+    prefix = journaled.prefix(journaled.TIER_KIND, run)
+    for entry in journals.pending(store, journaled.TIER_KIND, prefix):
+        if entry.state != journals.WRITING:
+            continue  # past the point of no return: journal.recover rolls it forward below
+        try:
+            moves = _checked_moves(store, entry, roots)
+        except IntegrityError as exc:
+            storage.move(store.fs, entry.path, store.join(journals.REFUSED_DIR, f"{entry.run_id}.json"))
+            outcomes.append({"run_id": entry.run_id, "kind": entry.kind, "action": "refused", "reason": exc.message})
+            continue
+        if _switched(store, entry, roots):
+            entry.commit(external_roots=roots)
             outcomes.append({"run_id": entry.run_id, "kind": entry.kind, "action": "rolled forward"})
         else:
-            _drop_copies(entry)
-            entry._finish(journals.ROLLED_BACK)
+            _drop_copies(moves)
+            entry.rollback()
             outcomes.append({"run_id": entry.run_id, "kind": entry.kind, "action": "rolled back"})
+    for item in journals.recover(store, journaled.TIER_KIND, prefix, external_roots=roots):
+        outcomes.append({**item, "kind": journaled.TIER_KIND})
     return outcomes
 
 
@@ -269,13 +332,13 @@ def recover(store: Location) -> list[dict]:
 
 
 def plan(store: Location, runs: list[str], settings: LifecycleSettings, now: datetime,
-         usable: list[str] = TIERS) -> tuple[list[dict], list[dict]]:
+         usable: list[str] = TIERS, roots: list[str] | None = None) -> tuple[list[dict], list[dict]]:
     """(manifests, moves): each checkpoint whose desired tier (the coldest `usable` one up to the
     tier its age asks for) is colder than where it is."""
     found, moves = [], []
     for run in runs:
         restored = inventory.last_restored(store, run)
-        manifests = inventory.manifests(store, run)
+        manifests = inventory.manifests(store, run, roots)
         for manifest in manifests:
             found.append(manifest)
             if settings.tiers.keep_latest_hot and manifest is manifests[-1]:
@@ -304,40 +367,55 @@ def tier(
     apply: bool = False,
     now: datetime | None = None,
     trash_id: str | None = None,
+    holder: str | None = None,
+    on_progress: Callable[[int, int], None] | None = None,
 ) -> dict:
     """Move every checkpoint of `runs` (default: all) that is due to a colder tier; dry run unless `apply`.
 
     Returns {"store", "applied", "moves": [...], "bytes_moved", "cost": {"before", "after",
-    "saving"}, "recovered", "skipped"}.
+    "saving"}, "recovered", "skipped"}. With `apply`, each run is tiered under its lease, held as
+    `holder` (default: this call's run id); LeaseHeldError if another holds it.
+    `on_progress(done, total)` is called as runs are done.
     """
     from seedance_tasks.lifecycle.gc import load_lifecycle_settings
-    from seedance_tasks.lifecycle.gc import recover as recover_all
+    from seedance_tasks.lifecycle.gc import recover as recover_run
 
     settings = settings or load_lifecycle_settings()
     store = storage.resolve(store_uri)
     now = now or datetime.now(UTC)
-    names = runs or ckpt.runs(store)
+    names = [catalog.check_run_name(run) for run in runs] if runs else catalog.runs(store)
     usable = [name for name in TIERS if name == "hot" or settings.tiers.spec(name).uri or store.is_s3]
     notes = [
         f"tier {name} has no location and a local store has no storage classes: set lifecycle.tiers.{name}.uri"
         for name in TIERS if name not in usable
     ]
-    recovered = recover_all(store) if apply else []
+    roots = journaled.roots(store, settings)
     trash_id = trash_id or storage.new_run_id()  # real time: purge dates trash by it
-    found, moves = plan(store, names, settings, now, usable)
+    holder = holder or f"tier-{trash_id}"
+    found, moves, done, skipped, recovered, after_manifests = [], [], [], [], [], []
+    for index, run in enumerate(names):
+        if on_progress:
+            on_progress(index, len(names))
+        if not apply:
+            run_found, run_moves = plan(store, [run], settings, now, usable, roots)
+            found.extend(run_found)
+            moves.extend(run_moves)
+            planned = {m["step"]: m["to"] for m in run_moves}
+            after_manifests.extend(_moved(m, planned[m["step"]], settings) if m["step"] in planned else m
+                                   for m in run_found)
+            continue
+        with journaled.run_lease(store, run, holder, "checkpoint tiering") as held:
+            recovered.extend(recover_run(store, run, roots))
+            run_found, run_moves = plan(store, [run], settings, now, usable, roots)
+            found.extend(run_found)
+            moves.extend(run_moves)
+            for move in run_moves:
+                result = move_checkpoint(store, move["_manifest"], move["to"], settings, trash_id, roots, held)
+                (done if result["action"] == "moved" else skipped).append({**result, "from": move["from"]})
+            after_manifests.extend(inventory.manifests(store, run, roots))
+    if on_progress:
+        on_progress(len(names), len(names))
     before = costs.report(found, settings)
-    done, skipped = [], []
-    if apply:
-        for move in moves:
-            result = move_checkpoint(store, move["_manifest"], move["to"], settings, trash_id)
-            (done if result["action"] == "moved" else skipped).append({**result, "from": move["from"]})
-        after_manifests = [m for r in names for m in inventory.manifests(store, r)]
-    else:
-        planned = {(m["run"], m["step"]): m["to"] for m in moves}
-        after_manifests = [
-            _moved(m, planned[(m["run"], m["step"])], settings) if (m["run"], m["step"]) in planned else m
-            for m in found
-        ]
     after = costs.report(after_manifests, settings)
     for move in moves:
         move.pop("_manifest")

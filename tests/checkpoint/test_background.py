@@ -27,7 +27,9 @@ def _clean():
 def test_training_loop_changes_its_tensors_right_after_save_async(tmp_path):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 64))
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    # lr 1e-4 moves each weight by ~0.2%: its high bytes stay, so a delta stores ~70% of a full copy
+    # whatever the float results on this machine (at 1e-2 it is a close call, ~96% vs the 98% bar)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     store = str(tmp_path / "s")
     expected, futures = {}, []
     for step in range(1, 17):
@@ -42,7 +44,7 @@ def test_training_loop_changes_its_tensors_right_after_save_async(tmp_path):
     checkpoint.wait_for_saves()
     summaries = [future.result() for future in futures]
     assert [s["step"] for s in summaries] == sorted(expected)  # stored in call order
-    assert {s["kind"] for s in summaries} == {"full", "delta"}
+    assert [s["kind"] for s in summaries] == ["full"] + ["delta"] * 7  # deltas against snapshots in the cache
     ckstore._CACHE.clear()
     for step, state in expected.items():
         assert_same(state, checkpoint.load(store, "loop", step), f"step {step}")

@@ -13,7 +13,7 @@ from seedance_tasks.checkpoint import store as ckstore
 from seedance_tasks.checkpoint.files import read_checkpoint
 from seedance_tasks.cli import app
 
-from .conftest import assert_same
+from .conftest import assert_same, first_data_file
 
 runner = CliRunner()
 
@@ -24,8 +24,9 @@ def _invoke(*args):
     return result
 
 
-def _put_chain(tmp_path, gpt_states, store, fmt):
-    for step, state in gpt_states:
+def _put_chain(tmp_path, states, store, fmt):
+    """`ckpt put` each state; `states` drift (conftest), so each later one is a delta on any machine."""
+    for step, state in states:
         src = tmp_path / f"raw-{step}.{fmt}"
         if fmt == "pt":
             torch.save(state, src)
@@ -40,10 +41,10 @@ def _put_chain(tmp_path, gpt_states, store, fmt):
 
 
 @pytest.mark.parametrize("fmt", ["pt", "safetensors"])
-def test_cli_put_get_ls_verify_local(tmp_path, gpt_states, fmt):
+def test_cli_put_get_ls_verify_local(tmp_path, drifting, fmt):
     ckstore._CACHE.clear()
     store = str(tmp_path / "store")
-    _put_chain(tmp_path, gpt_states, store, fmt)
+    _put_chain(tmp_path, drifting, store, fmt)
     rows = json.loads(_invoke("ls", "--store", store, "--json").stdout)
     assert [(r["run"], r["step"], r["kind"], r["base"]) for r in rows] == [
         ("gpt", 0, "full", None), ("gpt", 10, "delta", 0), ("gpt", 20, "delta", 0), ("gpt", 30, "delta", 20)]
@@ -57,25 +58,25 @@ def test_cli_put_get_ls_verify_local(tmp_path, gpt_states, fmt):
     for out_fmt in ("pt", "safetensors"):
         out = tmp_path / f"restored.{out_fmt}"
         _invoke("get", "--store", store, "--run", "gpt", "--step", "20", "--out", str(out))
-        assert_same(gpt_states[2][1], read_checkpoint(out))
+        assert_same(drifting[2][1], read_checkpoint(out))
 
 
-def test_s3_store_roundtrip_api_and_cli(tmp_path, gpt_states, s3_bucket):
+def test_s3_store_roundtrip_api_and_cli(tmp_path, drifting, s3_bucket):
     ckstore._CACHE.clear()
     store = f"s3://{s3_bucket}/ckpts"
-    _put_chain(tmp_path, gpt_states[:3], store, "pt")
+    _put_chain(tmp_path, drifting[:3], store, "pt")
     ckstore._CACHE.clear()
     assert checkpoint.latest_step(store, "gpt") == 20
-    assert_same(gpt_states[1][1], checkpoint.load(store, "gpt", 10))
+    assert_same(drifting[1][1], checkpoint.load(store, "gpt", 10))
     out = tmp_path / "from-s3.pt"
     _invoke("get", "--store", store, "--run", "gpt", "--out", str(out))
-    assert_same(gpt_states[2][1], read_checkpoint(out))
+    assert_same(drifting[2][1], read_checkpoint(out))
     assert [r["step"] for r in json.loads(_invoke("ls", "--store", store, "--json").stdout)] == [0, 10, 20]
     # damage on S3 is caught too: truncate the keyframe (step 0), which every delta needs
     from seedance_tasks.storage import boto3_client
 
     s3 = boto3_client("s3")
-    key = "ckpts/gpt/step-0/data-0000.bin"
+    key = f"ckpts/gpt/step-0/{first_data_file(store, 'gpt', 0)}"
     body = s3.get_object(Bucket=s3_bucket, Key=key)["Body"].read()
     s3.put_object(Bucket=s3_bucket, Key=key, Body=body[:-10])
     result = runner.invoke(app, ["ckpt", "verify", "--store", store, "--run", "gpt", "--json"])

@@ -14,24 +14,39 @@ from seedance_tasks.checkpoint import store as ckstore
 from seedance_tasks.cli import app
 from seedance_tasks.errors import IntegrityError, RefusedError
 
+from .conftest import first_data_file
+
 runner = CliRunner()
 
 
 @pytest.fixture
-def chain(tmp_path, gpt_states):
-    """A run of four checkpoints (keyframe + three deltas) in a fresh store."""
+def chain(tmp_path, drifting):
+    """A run of four checkpoints (keyframe + three deltas: 10 -> 0, 20 -> 0, 30 -> 20) in a fresh store."""
     ckstore._CACHE.clear()
     store = tmp_path / "store"
-    for step, state in gpt_states:
+    for step, state in drifting:
         checkpoint.save(state, str(store), "r", step, chunk_size="64KiB")
     ckstore._CACHE.clear()
     return store
 
 
+def _manifest(store, step):
+    return json.loads((store / "r" / f"step-{step}" / "manifest.json").read_text())
+
+
 def _biggest_chunk(store, step):
-    manifest = json.loads((store / "r" / f"step-{step}" / "manifest.json").read_text())
-    tensor = max(manifest["tensors"], key=lambda t: t["nbytes"])
+    tensor = max(_manifest(store, step)["tensors"], key=lambda t: t["nbytes"])
     return tensor["name"], tensor["chunks"][0]
+
+
+def _reads(store, step, name):
+    """The steps a restore of tensor `name` of `step` reads, from the manifests: itself, then the
+    base of each delta down to the tensor's last full copy."""
+    read = [step]
+    while (entry := next(t for t in _manifest(store, read[-1])["tensors"] if t["name"] == name))["base"] is not None:
+        assert entry["codec"] in ckstore.codecs.DELTA_CODECS, entry
+        read.append(entry["base"])
+    return read
 
 
 def _get(store, step, out):
@@ -64,13 +79,15 @@ def test_damage_in_a_base_is_reported_for_every_delta_on_it(chain):
     for i in range(chunk["offset"], chunk["offset"] + chunk["length"], 997):
         data[i] ^= 0xFF
     path.write_bytes(bytes(data))
+    on_damage = [step for step in (0, 10, 20, 30) if 0 in _reads(chain, step, name)]
+    assert on_damage == [0, 10, 20, 30], on_damage  # the drifted states make every later copy a delta on 0
     report = ckstore.verify_run(str(chain), "r")
-    assert [d["step"] for d in report["damaged"]] == [0, 10, 20, 30]
+    assert [d["step"] for d in report["damaged"]] == on_damage
     assert all("step-0" in d["error"] for d in report["damaged"])
 
 
 def test_truncated_file_is_detected(chain, tmp_path):
-    path = chain / "r" / "step-20" / "data-0000.bin"
+    path = chain / "r" / "step-20" / first_data_file(chain, "r", 20)
     path.write_bytes(path.read_bytes()[:-100])
     with pytest.raises(IntegrityError, match="truncated"):
         checkpoint.load(str(chain), "r", 20)
@@ -79,10 +96,11 @@ def test_truncated_file_is_detected(chain, tmp_path):
 
 
 def test_missing_data_file_and_missing_base_are_named(chain):
-    (chain / "r" / "step-30" / "data-0000.bin").rename(chain / "elsewhere.bin")
-    with pytest.raises(IntegrityError, match=r"step-30/data-0000.bin is missing"):
+    name = first_data_file(chain, "r", 30)
+    (chain / "r" / "step-30" / name).rename(chain / "elsewhere.bin")
+    with pytest.raises(IntegrityError, match=rf"step-30/{name} is missing"):
         checkpoint.load(str(chain), "r", 30)
-    (chain / "elsewhere.bin").rename(chain / "r" / "step-30" / "data-0000.bin")
+    (chain / "elsewhere.bin").rename(chain / "r" / "step-30" / name)
     (chain / "r" / "step-20" / "manifest.json").unlink()  # base of step 30 gone
     with pytest.raises(IntegrityError, match=r"delta against step-20, which is missing"):
         checkpoint.load(str(chain), "r", 30)

@@ -11,7 +11,7 @@ from seedance_tasks import checkpoint
 from seedance_tasks.checkpoint import store as ckstore
 from seedance_tasks.errors import RefusedError, UsageError
 
-from .conftest import assert_same, tiny_gpt_states
+from .conftest import assert_same, drifting_states
 
 SMALL = {"chunk_size": "64KiB"}  # several chunks per big tensor, so chunking and parallelism are exercised
 
@@ -23,6 +23,10 @@ def _no_cache():
     ckstore._CACHE.clear()
 
 
+def _manifests(store, run, states):
+    return [ckstore.read_manifest(ckstore.storage.resolve(store), run, s) for s, _ in states]
+
+
 @pytest.mark.parametrize("codec", ["zstd", "lz4", "bgzstd", "delta", "auto"])
 def test_every_lossless_codec_roundtrips_a_chain_bit_exact(tmp_path, gpt_states, codec):
     store = str(tmp_path / "store")
@@ -32,18 +36,17 @@ def test_every_lossless_codec_roundtrips_a_chain_bit_exact(tmp_path, gpt_states,
     ckstore._CACHE.clear()  # restore from the store alone
     for step, state in gpt_states:
         assert_same(state, checkpoint.load(store, "gpt", step), f"{codec}@{step}")
-    manifests = [ckstore.read_manifest(ckstore.storage.resolve(store), "gpt", s) for s, _ in gpt_states]
+    manifests = _manifests(store, "gpt", gpt_states)
     used = {t["codec"] for m in manifests for t in m["tensors"]}
     if codec in ("delta", "auto"):
-        assert [m["kind"] for m in manifests] == ["full", "delta", "delta", "delta"]
-        assert used & {"delta-xor", "delta-sub"}
-        # paired bases inside the keyframe group: 10 -> 0, 20 -> 0, 30 -> 20
-        assert [m["base"] and m["base"]["step"] for m in manifests] == [None, 0, 0, 20]
-        assert manifests[-1]["chain"] == [20, 0] and manifests[-1]["depth"] == 2
-        assert manifests[-1]["group"] == [0, 10, 20, 30]
+        # which tensors of real training state delta is a close call (float results differ between
+        # CPUs): the chain structure is asserted on drifting states below; here, every delta tensor
+        # names its checkpoint's base
+        for m in manifests:
+            assert all(t["base"] == (m["base"] or {}).get("step") for t in m["tensors"] if t["base"] is not None)
     else:
         assert used <= {codec, "zstd"} and all(m["kind"] == "full" and m["base"] is None for m in manifests)
-    if codec == "auto":  # deltas and byte grouping beat plain zstd-3 on real AdamW state
+    if codec == "auto":  # deltas and byte grouping beat plain zstd-3 on real AdamW state (by ~10% here)
         import zstandard
 
         ratio = sum(m["stats"]["raw_bytes"] for m in manifests) / sum(m["stats"]["stored_bytes"] for m in manifests)
@@ -54,14 +57,32 @@ def test_every_lossless_codec_roundtrips_a_chain_bit_exact(tmp_path, gpt_states,
         assert ratio > 1.03 * zstd3, (ratio, zstd3)
 
 
-def test_save_without_cache_deltas_against_the_store(tmp_path, gpt_states):
+@pytest.mark.parametrize("codec", ["delta", "auto"])
+def test_deltas_take_paired_bases_in_their_keyframe_group(tmp_path, drifting, codec):
+    store = str(tmp_path / "store")
+    for step, state in drifting:
+        checkpoint.save(state, store, "gpt", step, codec=codec, **SMALL)
+    ckstore._CACHE.clear()
+    for step, state in drifting:
+        assert_same(state, checkpoint.load(store, "gpt", step), f"{codec}@{step}")
+    manifests = _manifests(store, "gpt", drifting)
+    assert [m["kind"] for m in manifests] == ["full", "delta", "delta", "delta"]
+    # paired bases inside the keyframe group: 10 -> 0, 20 -> 0, 30 -> 20
+    assert [m["base"] and m["base"]["step"] for m in manifests] == [None, 0, 0, 20]
+    assert manifests[-1]["chain"] == [20, 0] and manifests[-1]["depth"] == 2
+    assert manifests[-1]["group"] == [0, 10, 20, 30]
+    big = [t for t in manifests[-1]["tensors"] if t["nbytes"] >= 65536]
+    assert big and all(t["codec"] in ckstore.codecs.DELTA_CODECS and t["base"] == 20 for t in big)
+
+
+def test_save_without_cache_deltas_against_the_store(tmp_path, drifting):
     store = str(tmp_path / "s")
-    for step, state in gpt_states[:3]:
+    for step, state in drifting[:3]:
         checkpoint.save(state, store, "r", step, cache_base=False, **SMALL)
     assert not ckstore._CACHE
     assert checkpoint.latest_step(store, "r") == 20
     assert ckstore.read_manifest(ckstore.storage.resolve(store), "r", 20)["kind"] == "delta"
-    assert_same(gpt_states[2][1], checkpoint.load(store, "r"))
+    assert_same(drifting[2][1], checkpoint.load(store, "r"))
 
 
 @pytest.mark.parametrize(("reference", "bases", "max_depth"), [
@@ -70,7 +91,7 @@ def test_save_without_cache_deltas_against_the_store(tmp_path, gpt_states):
     ("previous", [None, 0, 2, 4, 6, 8, 10, 12, None, 16], 7),
 ])
 def test_keyframe_every_k_bounds_the_chain(tmp_path, reference, bases, max_depth):
-    states = tiny_gpt_states(steps=tuple(range(0, 20, 2)), seed=1)
+    states = drifting_states(steps=tuple(range(0, 20, 2)), seed=1)
     store = str(tmp_path / "s")
     summaries = [checkpoint.save(s, store, "k", step, keyframe_every=8, delta_reference=reference, **SMALL)
                  for step, s in states]

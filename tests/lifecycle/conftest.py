@@ -72,3 +72,16 @@ def lifecycle_settings():
     from seedance_tasks.config import load_settings
 
     return load_settings().lifecycle
+
+
+@pytest.fixture
+def trust_tiers(monkeypatch):
+    """Configure tier locations through the environment: manifests may name files only under the
+    configured locations, so a restore after tiering needs them in config too."""
+
+    def _set(warm=None, cold=None):
+        for tier, uri in (("WARM", warm), ("COLD", cold)):
+            if uri:
+                monkeypatch.setenv(f"SEEDANCE__LIFECYCLE__TIERS__{tier}__URI", str(uri))
+
+    return _set

@@ -41,17 +41,18 @@ tiering.copy_verified = slow(tiering.copy_verified)
 from seedance_tasks.config import load_settings
 from seedance_tasks.lifecycle import gc
 mode, store, warm, cold = sys.argv[1:5]
-settings = load_settings().lifecycle.model_copy(deep=True)
-settings.tiers.warm.uri, settings.tiers.cold.uri = warm, cold
+settings = load_settings().lifecycle  # tier folders from the environment (trusted roots come from config)
+assert (settings.tiers.warm.uri, settings.tiers.cold.uri) == (warm, cold)
 settings.tiers.keep_latest_hot = False
+HOLDER = "crash-test"  # a retry takes its own lease back, as a retried Airflow task does
 print("ready", flush=True)
 if mode == "gc":
-    out = gc.collect(store, settings=settings, apply=True, keep_last=2, keep_every=40)
+    out = gc.collect(store, settings=settings, apply=True, keep_last=2, keep_every=40, holder=HOLDER)
     print(json.dumps({"deleted": out["checkpoints_deleted"]}), flush=True)
 else:
     now = datetime.now(UTC)
-    first = tiering.tier(store, settings=settings, apply=True, now=now + timedelta(hours=2))
-    second = tiering.tier(store, settings=settings, apply=True, now=now + timedelta(days=2))
+    first = tiering.tier(store, settings=settings, apply=True, now=now + timedelta(hours=2), holder=HOLDER)
+    second = tiering.tier(store, settings=settings, apply=True, now=now + timedelta(days=2), holder=HOLDER)
     print(json.dumps({"moved": first["moved"] + second["moved"]}), flush=True)
 """
 
@@ -88,7 +89,7 @@ def _orphans(work):
 
 
 @pytest.mark.parametrize("mode", ["gc", "tier"])
-def test_kill_9_at_random_points_keeps_every_kept_checkpoint_restorable(tmp_path, pristine, mode):
+def test_kill_9_at_random_points_keeps_every_kept_checkpoint_restorable(tmp_path, pristine, mode, monkeypatch):
     source, digests = pristine
     kept = {0, 40, 80, 120, 140, 150} if mode == "gc" else set(digests)
     kept |= {b for s in list(kept) for b in _chain(source / "s", s)}
@@ -98,6 +99,8 @@ def test_kill_9_at_random_points_keeps_every_kept_checkpoint_restorable(tmp_path
     for attempt in range(2):
         calibrate = tmp_path / f"calibrate-{attempt}"
         shutil.copytree(source, calibrate)
+        monkeypatch.setenv("SEEDANCE__LIFECYCLE__TIERS__WARM__URI", str(calibrate / "warm"))
+        monkeypatch.setenv("SEEDANCE__LIFECYCLE__TIERS__COLD__URI", str(calibrate / "cold"))
         child = _start(mode, calibrate)
         started = time.monotonic()
         child.wait(120)
@@ -111,6 +114,8 @@ def test_kill_9_at_random_points_keeps_every_kept_checkpoint_restorable(tmp_path
     for trial in range(TRIALS):
         work = tmp_path / f"trial-{trial}"
         shutil.copytree(source, work)
+        monkeypatch.setenv("SEEDANCE__LIFECYCLE__TIERS__WARM__URI", str(work / "warm"))
+        monkeypatch.setenv("SEEDANCE__LIFECYCLE__TIERS__COLD__URI", str(work / "cold"))
         child = _start(mode, work)
         time.sleep(rng.uniform(trial, trial + 1) / TRIALS * span * 1.05)  # stratified: every part of the run
         if child.poll() is None:

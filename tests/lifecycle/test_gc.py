@@ -74,8 +74,9 @@ def checkpoint_steps(store, run="r"):
     return committed_steps(storage.resolve(store), run)
 
 
-def test_gc_of_tiered_checkpoints_trashes_files_in_their_tier(tmp_path, lifecycle_settings):
+def test_gc_of_tiered_checkpoints_trashes_files_in_their_tier(tmp_path, lifecycle_settings, trust_tiers):
     store, warm = tmp_path / "s", tmp_path / "warm"
+    trust_tiers(warm, tmp_path / "cold")
     digests = make_store(store, steps=range(0, 60, 10))
     settings = lifecycle_settings.model_copy(deep=True)
     settings.tiers.keep_latest_hot = False

@@ -21,8 +21,9 @@ def _classes(bucket, prefix=""):
     return {item["Key"]: item.get("StorageClass", "STANDARD") for item in found}
 
 
-def test_local_folders_hot_warm_cold(tmp_path, lifecycle_settings):
+def test_local_folders_hot_warm_cold(tmp_path, lifecycle_settings, trust_tiers):
     store = tmp_path / "hot"
+    trust_tiers(tmp_path / "warm", tmp_path / "cold")
     digests = make_store(store, steps=range(0, 50, 10))
     settings = lifecycle_settings.model_copy(deep=True)
     settings.tiers.keep_latest_hot = False
@@ -49,7 +50,8 @@ def test_local_folders_hot_warm_cold(tmp_path, lifecycle_settings):
     assert float(after["monthly_usd"]) <= float(before["monthly_usd"]) and after["tiers"]["cold"]["files"] == 5
 
 
-def test_age_counts_from_the_last_restore(tmp_path, lifecycle_settings):
+def test_age_counts_from_the_last_restore(tmp_path, lifecycle_settings, trust_tiers):
+    trust_tiers(tmp_path / "warm", tmp_path / "cold")
     store = tmp_path / "hot"
     make_store(store, steps=[0, 10], keyframe_every=1)
     settings = lifecycle_settings.model_copy(deep=True)
@@ -106,9 +108,11 @@ def test_s3_storage_classes_in_place_glacier_needs_thaw(s3_bucket, tmp_path, lif
     assert_restorable(store, "r", {30: digests[30]})
 
 
-def test_base_on_a_colder_tier_than_its_delta_across_s3_and_local(s3_bucket, tmp_path, lifecycle_settings):
+def test_base_on_a_colder_tier_than_its_delta_across_s3_and_local(s3_bucket, tmp_path, lifecycle_settings,
+                                                                   trust_tiers):
     """Hot local store, warm = S3 prefix (STANDARD_IA), cold = another bucket (DEEP_ARCHIVE)."""
     cold_bucket = f"{s3_bucket}-cold"
+    trust_tiers(f"s3://{s3_bucket}/warm", f"s3://{cold_bucket}/cold")
     storage.boto3_client("s3").create_bucket(Bucket=cold_bucket)
     store = tmp_path / "hot"
     digests = make_store(store, steps=range(0, 40, 10), keyframe_every=4)
@@ -134,7 +138,8 @@ def test_base_on_a_colder_tier_than_its_delta_across_s3_and_local(s3_bucket, tmp
     assert_restorable(store, "r", digests)
 
 
-def test_latest_checkpoint_of_each_run_stays_hot(tmp_path, lifecycle_settings):
+def test_latest_checkpoint_of_each_run_stays_hot(tmp_path, lifecycle_settings, trust_tiers):
+    trust_tiers(tmp_path / "warm", tmp_path / "cold")
     store = tmp_path / "hot"
     make_store(store, steps=[0, 10, 20], keyframe_every=1)
     settings = lifecycle_settings.model_copy(deep=True)

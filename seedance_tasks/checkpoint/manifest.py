@@ -1,0 +1,286 @@
+"""The checkpoint manifest: its one typed model, parsed and validated here and nowhere else.
+
+A manifest (`STORE/<run>/step-<N>/manifest.json`, format `seedance-checkpoint/1`) is untrusted
+input: anyone who can write to the store can edit one, and GC, tiering and thaw act on the
+files it names. So every manifest is read through `parse`, which checks every field against
+the model below and refuses (IntegrityError naming the manifest and the field):
+
+- a `run`, `step` or `id` that is not the one of the directory it was read from, or not a
+  plain id (the id names a folder of a tier location);
+- a data file name that is not one plain file name (no `/`, `..`, NUL, absolute path);
+- a `uri` (a data file on another tier) outside the trusted archive locations, or anywhere but
+  the checkpoint's own slot there, `<root>/<run>/step-<N>/<id>/<name>`. The trusted locations
+  are the store itself, `checkpoint.archive_locations`, and every `lifecycle.tiers.<tier>.uri`
+  of the configuration (`trusted_roots`); a caller working with other settings passes its own;
+- chunks naming a file the manifest does not list, bases and chains that do not go backwards.
+
+Fields of the layout (see `seedance_tasks/checkpoint/store.py` for what they mean): `tree`,
+`tensors[i]` (name, dtype, stored_dtype, shape, codec, base, chunk_bytes, chunks: file, offset,
+length, raw, sha256), `files` (`{name: {size, tier, uri, root, storage_class}}`; `uri` null =
+next to the manifest), `base` `{step, id}`, `chain`, `depth`, `group`, `metrics`, `tags`,
+`stats`, `source`, `created_at`, `id`. Unknown extra fields are kept as they are (a newer
+writer's), never acted on.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from seedance_tasks import storage
+from seedance_tasks.errors import IntegrityError
+from seedance_tasks.storage import Location
+
+FORMAT = "seedance-checkpoint/1"
+MANIFEST = "manifest.json"
+TIERS = ("hot", "warm", "cold")
+STEP_DIR = re.compile(r"^step-(\d+)$")
+_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
+_FILE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
+_SHA256 = r"^[0-9a-f]{64}$"
+StorageClass = Literal[
+    "STANDARD", "INTELLIGENT_TIERING", "STANDARD_IA", "ONEZONE_IA", "GLACIER_IR", "GLACIER", "DEEP_ARCHIVE"
+]
+NonNegative = Field(ge=0)
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="allow", strict=False)
+
+
+class Chunk(_Model):
+    file: str
+    offset: int = NonNegative
+    length: int = NonNegative
+    raw: int = NonNegative
+    sha256: str = Field(pattern=_SHA256)
+
+
+class TensorEntry(_Model):
+    name: str
+    dtype: str
+    stored_dtype: str
+    lossy: str | None = None
+    shape: list[int]
+    nbytes: int = NonNegative
+    codec: str
+    planes: str | None = None
+    base: int | None = None
+    chunk_bytes: int = Field(ge=1)
+    chunks: list[Chunk]
+
+
+class DataFile(_Model):
+    size: int = NonNegative
+    tier: Literal["hot", "warm", "cold"] = "hot"
+    uri: str | None = None
+    root: str | None = None
+    storage_class: StorageClass | None = None
+
+
+class BaseRef(_Model):
+    step: int = NonNegative
+    id: str
+
+
+class Manifest(_Model):
+    """The typed model of a manifest (what `parse` validates against)."""
+
+    format: Literal["seedance-checkpoint/1"]
+    id: str
+    run: str
+    step: int = NonNegative
+    created_at: str
+    kind: Literal["full", "delta"]
+    base: BaseRef | None = None
+    chain: list[int] = []
+    depth: int = 0
+    group: list[int] = []
+    lossy: str | None = None
+    tree: Any = None
+    files: dict[str, DataFile]
+    tensors: list[TensorEntry]
+    metrics: dict[str, Any] = {}
+    tags: list[str] = []
+    source: dict[str, Any] = {}
+    stats: dict[str, Any] = {}
+
+
+@dataclass(frozen=True)
+class FileRef:
+    """One data file of a checkpoint: the root it lives under and its path relative to that root."""
+
+    root: str  # URI of the root (the store, or a tier's location)
+    rel: str
+
+    @property
+    def uri(self) -> str:
+        return f"{self.root.rstrip('/')}/{self.rel}"
+
+    def location(self) -> tuple[Location, str]:
+        return storage.resolve(self.root), self.rel
+
+
+# --------------------------------------------------------------------------- layout
+
+
+def step_dir(step: int) -> str:
+    return f"step-{int(step)}"
+
+
+def manifest_rel(run: str, step: int) -> str:
+    """Path of a manifest below its store."""
+    return posixpath.join(run, step_dir(step), MANIFEST)
+
+
+def tier_rel(run: str, step: int, manifest_id: str, name: str) -> str:
+    """Path of a data file below a tier's root: `<run>/step-<N>/<manifest id>/<name>` (never reused)."""
+    return posixpath.join(run, step_dir(step), manifest_id, name)
+
+
+def normal_root(uri: str) -> str:
+    """A root URI in one spelling (absolute local path or s3://bucket/prefix, no trailing /)."""
+    return storage.resolve(uri).uri.rstrip("/")
+
+
+def trusted_roots(store_uri: str, extra: Iterable[str | None] = ()) -> list[str]:
+    """The roots data files of `store_uri` may live under: the store, the configured archive
+    locations (`checkpoint.archive_locations`, `lifecycle.tiers.<tier>.uri`) and `extra`."""
+    from seedance_tasks.config import load_settings
+
+    settings = load_settings()
+    configured = [*settings.checkpoint.archive_locations,
+                  *(getattr(settings.lifecycle.tiers, tier).uri for tier in TIERS)]
+    found = [normal_root(store_uri)]
+    for uri in [*configured, *extra]:
+        if uri and normal_root(uri) not in found:
+            found.append(normal_root(uri))
+    return found
+
+
+# --------------------------------------------------------------------------- parse / serialise
+
+
+def _refuse(where: str, field: str, problem: str) -> IntegrityError:
+    return IntegrityError(
+        f"manifest {where}: {field}: {problem}; refused",
+        hint="the manifest was edited or damaged by someone else; nothing was changed. Move it away "
+        "(or restore it from the trash), then run again",
+    )
+
+
+def _check_id(value: str, where: str, field: str) -> None:
+    if not _ID.match(value or ""):
+        raise _refuse(where, field, f"{value!r} is not a plain id (letters, digits, _ and -)")
+
+
+def parse(data: bytes | str | dict, *, where: str, run: str, step: int, roots: Iterable[str]) -> dict:
+    """The manifest in `data`, validated (see the module doc); a dict of the model's fields.
+
+    `run`/`step`: where it was read from (it must say the same); `roots`: the trusted roots
+    (`trusted_roots`; the first is the store). Raises IntegrityError naming `where` and the field.
+    """
+    if not isinstance(data, dict):
+        try:
+            data = json.loads(data)
+        except ValueError as exc:
+            raise IntegrityError(f"manifest {where} is unreadable: {exc}") from None
+    if not isinstance(data, dict):
+        raise _refuse(where, "(top level)", "not an object")
+    if data.get("format") != FORMAT:
+        raise IntegrityError(f"manifest {where} has format {data.get('format')!r}, expected {FORMAT}")
+    try:
+        model = Manifest.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise _refuse(where, ".".join(map(str, first["loc"])) or "(top level)", first["msg"]) from None
+    if model.run != run:
+        raise _refuse(where, "run", f"{model.run!r} is not the run {run!r} it is stored under")
+    if model.step != int(step):
+        raise _refuse(where, "step", f"{model.step} is not the step {step} it is stored under")
+    _check_id(model.id, where, "id")
+    try:
+        datetime.fromisoformat(model.created_at)
+    except ValueError:
+        raise _refuse(where, "created_at", f"{model.created_at!r} is not an ISO time") from None
+    _check_links(model, where)
+    trusted = [root.rstrip("/") for root in roots]
+    for name, entry in model.files.items():
+        if not _FILE_NAME.match(name) or ".." in name:
+            raise _refuse(where, f"files[{name!r}]", "not one plain file name")
+        if entry.uri is not None or entry.root is not None:
+            _check_foreign(model, name, entry, where, trusted)
+    for tensor in model.tensors:
+        for index, chunk in enumerate(tensor.chunks):
+            if chunk.file not in model.files:
+                raise _refuse(where, f"tensors[{tensor.name!r}].chunks[{index}].file",
+                              f"{chunk.file!r} is not one of the manifest's files")
+    return model.model_dump(mode="json")
+
+
+def _check_links(model: Manifest, where: str) -> None:
+    if model.base is not None:
+        _check_id(model.base.id, where, "base.id")
+        if model.base.step >= model.step:
+            raise _refuse(where, "base.step", f"{model.base.step} is not before step {model.step}")
+        if not model.chain or model.chain[0] != model.base.step:
+            raise _refuse(where, "chain", "does not start with the base's step")
+    elif model.chain:
+        raise _refuse(where, "chain", "a checkpoint without a base has no chain")
+    if any(later <= earlier for later, earlier in zip(model.chain, model.chain[1:], strict=False)) or any(
+        step >= model.step for step in model.chain
+    ):
+        raise _refuse(where, "chain", f"{model.chain} does not go strictly back from step {model.step}")
+    for tensor in model.tensors:
+        if tensor.base is not None and (model.base is None or tensor.base != model.base.step):
+            raise _refuse(where, f"tensors[{tensor.name!r}].base", f"{tensor.base} is not the manifest's base")
+
+
+def _check_foreign(model: Manifest, name: str, entry: DataFile, where: str, trusted: list[str]) -> None:
+    """A data file on another tier: only in its own slot under a trusted root."""
+    field = f"files[{name!r}].uri"
+    if not entry.uri or not entry.root:
+        raise _refuse(where, field, "a data file elsewhere needs both `uri` and `root`")
+    root = entry.root.rstrip("/")
+    if root not in trusted[1:]:
+        raise _refuse(where, f"files[{name!r}].root",
+                      f"{entry.root!r} is not a configured archive location (checkpoint.archive_locations, "
+                      "lifecycle.tiers.<tier>.uri)")
+    expected = f"{root}/{tier_rel(model.run, model.step, model.id, name)}"
+    if entry.uri != expected:
+        raise _refuse(where, field, f"{entry.uri!r} is not this checkpoint's place {expected!r}")
+
+
+def to_bytes(manifest: dict) -> bytes:
+    """The JSON bytes a manifest is stored as."""
+    return (json.dumps(manifest, indent=1, sort_keys=False) + "\n").encode()
+
+
+# --------------------------------------------------------------------------- reading a parsed manifest
+
+
+def file_ref(store: Location, manifest: dict, name: str) -> FileRef:
+    """Where data file `name` of a parsed manifest lives now, as (root, relative path)."""
+    entry = manifest["files"][name]
+    if entry.get("uri"):
+        root = entry["root"].rstrip("/")
+        return FileRef(root, entry["uri"][len(root) + 1:])
+    return FileRef(store.uri, posixpath.join(manifest["run"], step_dir(manifest["step"]), name))
+
+
+def tier_of(manifest: dict) -> str:
+    """The coldest tier holding one of the checkpoint's files."""
+    tiers = {entry.get("tier") or "hot" for entry in manifest["files"].values()}
+    return next((tier for tier in reversed(TIERS) if tier in tiers), "hot")
+
+
+def stored_bytes(manifest: dict) -> int:
+    """Bytes of every data file of the checkpoint, wherever they are."""
+    return sum(int(entry.get("size") or 0) for entry in manifest["files"].values())
