@@ -1,11 +1,15 @@
-"""The compaction DAG's task bodies: read params, call the library, return a small summary."""
+"""The compaction DAG's task bodies: read params, call the library, return a small summary.
+
+Every task of one DAG run holds the lake's lease as one holder (`airflow_lease_holder()`): the
+plan task takes it, each mapped `compact` task (and its retries) takes it back, the purge task
+releases it; a failed DAG run's lease expires by its TTL.
+"""
 
 from __future__ import annotations
 
-from seedance_tasks.dag_support import fail_fast
+from seedance_tasks.dag_support import airflow_lease_holder, fail_fast
 from seedance_tasks.errors import UsageError
-
-MAX_GROUPS = 64  # mapped task instances per run; well under Airflow's max_map_length
+from seedance_tasks.faults import InjectedFault
 
 
 def _settings(params: dict):
@@ -21,13 +25,13 @@ def _settings(params: dict):
 
 @fail_fast
 def plan_task(params: dict) -> dict:
-    """Recover, plan and save the plan; returns {"run_id", "plan_uri", "groups", ...} for mapping.
+    """Take the lake's lease, recover, plan and save the plan; returns {"run_id", "plan_uri", "groups", ...}.
 
     A scheduled run with no URI configured is skipped, not failed.
     """
     from airflow.sdk.exceptions import AirflowSkipException
 
-    from seedance_tasks.compaction.run import group_partitions, prepare, save_plan, summarize
+    from seedance_tasks.compaction.run import plan_for_dag
 
     settings = _settings(params)
     uri = params.get("uri") or settings.default_uri
@@ -35,32 +39,15 @@ def plan_task(params: dict) -> dict:
         raise AirflowSkipException(
             "no dataset to compact: set the `uri` param, or compaction.default_uri in config/seedance.yaml"
         )
-    plan, recovered = prepare(uri, settings, recover=not params.get("dry_run"))
-    if params.get("dry_run"):
-        return {"dry_run_report": summarize(plan, [], settings, recovered=recovered, dry_run=True), "groups": []}
-    plan_uri = save_plan(plan) if plan.partitions else None
-    settings_json = settings.model_dump(mode="json")
-    return {
-        "run_id": plan.run_id,
-        "uri": plan.uri,
-        "plan_uri": plan_uri,
-        "dry_run": False,
-        "settings": settings_json,
-        "recovered": recovered,
-        "groups": [{"plan_uri": plan_uri, "indices": group, "settings": settings_json}
-                   for group in group_partitions(plan, MAX_GROUPS)],
-    }
+    return plan_for_dag(uri, settings, holder=airflow_lease_holder(), dry_run=bool(params.get("dry_run")))
 
 
-@fail_fast
+@fail_fast(retry_on=(InjectedFault,))
 def compact_group_task(group: dict) -> dict:
-    """Compact one group of partitions of a saved plan; returns their results."""
-    from seedance_tasks.compaction.run import compact_group, load_plan
-    from seedance_tasks.compaction.settings import CompactionSettings
+    """Compact one group of partitions of a saved plan; safe to retry with the same group."""
+    from seedance_tasks.compaction.run import compact_group_attempt
 
-    plan = load_plan(group["plan_uri"])
-    settings = CompactionSettings.model_validate(group["settings"])
-    return {"results": compact_group(plan, group["indices"], settings, workers=1)}
+    return compact_group_attempt(group, holder=airflow_lease_holder())
 
 
 @fail_fast
@@ -78,13 +65,15 @@ def report_task(planned: dict, results: list[dict]) -> dict:
     else:
         plan = CompactionPlan(planned["run_id"], planned["uri"])
     flat = [result for group in results for result in group["results"]]
-    return summarize(plan, flat, settings, recovered=planned["recovered"], dry_run=planned["dry_run"])
+    recovered = list(planned["recovered"]) + [item for group in results for item in group.get("recovered", [])]
+    return summarize(plan, flat, settings, recovered=recovered, dry_run=planned["dry_run"])
 
 
 @fail_fast
 def purge_task(params: dict, summary: dict | None) -> dict:
-    """Purge the lake's trash runs older than the `purge_older_than` param (skipped on dry runs)."""
-    from seedance_tasks import storage
+    """Purge the lake's trash runs older than the `purge_older_than` param and release the
+    DAG run's lease (nothing is purged on dry runs)."""
+    from seedance_tasks.compaction.run import purge_for_dag
     from seedance_tasks.units import parse_duration
 
     if not summary:
@@ -93,4 +82,4 @@ def purge_task(params: dict, summary: dict | None) -> dict:
         older_than = parse_duration(params.get("purge_older_than") or "7d")
     except UsageError as exc:
         raise UsageError(f"param purge_older_than: {exc.message}") from None
-    return storage.purge_trash(storage.resolve(summary["uri"]), older_than, apply=not summary["dry_run"])
+    return purge_for_dag(summary["uri"], older_than, holder=airflow_lease_holder(), apply=not summary["dry_run"])

@@ -15,29 +15,28 @@ def compact(
     min_age: str = typer.Option(None, help="leave files younger than this alone: 0, 30m, 1h, 7d [config: 1h]"),
     workers: int = typer.Option(None, min=1, help="partitions compacted at once [default: one per core]"),
     dry_run: bool = typer.Option(False, "--dry-run", help="plan and report; change nothing"),
+    wait: str = typer.Option(None, "--wait", help="if another run holds the lake's lease, wait up to this long: 30s, 10m"),
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Rewrite each partition's small Parquet files into files of about the target size.
 
     New files are written hidden, verified, published; only then do the old files move to
     URI/_seedance/trash/<run-id>/ (free them with `seedance trash purge`). Unreadable files go
-    to URI/_seedance/quarantine/. An interrupted run is finished by the next one.
+    to URI/_seedance/quarantine/. An interrupted run is finished by the next one. One run at a
+    time per lake: a second one is refused, naming the holder of the lake's lease (or waits, --wait).
     """
     from seedance_tasks.compaction.run import compact_dataset
     from seedance_tasks.config import load_settings, settings_with
+    from seedance_tasks.units import parse_duration
+
+    wait_s = parse_duration(wait) if wait else 0.0
 
     settings = settings_with(
         load_settings(), "compaction", target_file_size=target_file_size,
         small_file_size=small_file_size, min_age=min_age, workers=workers,
     )
-    with progress("compacting", total=None, enabled=not as_json) as advance:
-        state = {"done": 0}
-
-        def on_progress(done: int, total: int) -> None:
-            advance(done - state["done"])
-            state["done"] = done
-
-        report = compact_dataset(uri, settings, dry_run=dry_run, on_progress=on_progress)
+    with progress("compacting", enabled=not as_json) as bar:
+        report = compact_dataset(uri, settings, dry_run=dry_run, on_progress=bar.update, wait_s=wait_s)
     emit(report, as_json, render_report)
 
 

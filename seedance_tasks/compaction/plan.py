@@ -16,6 +16,7 @@ from seedance_tasks.errors import RefusedError
 from seedance_tasks.storage import Location
 
 PARQUET_SUFFIXES = (".parquet", ".parq", ".pq")
+SYMLINK_REASON = "symlink: not followed"
 
 TABLE_FORMATS = {
     "_delta_log": ("Delta Lake", "run Delta's own OPTIMIZE (and VACUUM) on this table"),
@@ -90,10 +91,12 @@ def plan_compaction(
     """The partitions of `root` worth compacting, from one recursive listing.
 
     Raises RefusedError for a table-format dataset. Partitions left alone are reported in
-    `skipped` with the reason, except those with nothing small in them.
+    `skipped` with the reason, except those with nothing small in them. Symlinks (to files or
+    directories) are never followed, and each is reported once in `skipped`.
     """
     now = now or datetime.now(UTC)
-    listing = storage.list_files(root, include_hidden=True)
+    tree = storage.list_tree(root, include_hidden=True)
+    listing = tree.files
     detect_table_format(root, listing)
     by_partition: dict[str, list[SourceFile]] = {}
     too_young: dict[str, int] = {}
@@ -113,6 +116,9 @@ def plan_compaction(
         by_partition.setdefault(partition, []).append(SourceFile(relative, info.size or 0, mtime and mtime.isoformat()))
 
     plan = CompactionPlan(run_id, root.uri, files_listed=data_files)
+    for link in tree.symlinks:  # never followed: it may lead out of the lake, or to a partition twice
+        if not storage.is_hidden(link):
+            plan.skipped.append({"partition": link, "reason": SYMLINK_REASON})
     for partition in sorted(set(by_partition) | set(too_young)):
         files = by_partition.get(partition, [])
         if len(files) >= 2:

@@ -1,7 +1,9 @@
 """A whole compaction run: recover, plan, compact partitions in parallel, report.
 
 `compact_dataset` is what `seedance compact` calls; the DAG calls the same steps one task each
-(`prepare`, `compact_group`, `summarize`) so that partitions fan out over workers.
+(`plan_for_dag`, `compact_group_attempt`, `summarize`, `purge_for_dag`) so that partitions fan
+out over workers. Every run holds the lake's lease (`dataset`): the CLI for the whole run, a DAG
+run from its plan task to its purge task (every task and retry of one DAG run is one holder).
 """
 
 from __future__ import annotations
@@ -14,29 +16,56 @@ from dataclasses import asdict
 from datetime import UTC, datetime
 from decimal import Decimal
 
-from seedance_tasks import journal, storage
+import pyarrow.fs as pafs
+
+from seedance_tasks import journal, lease, storage
 from seedance_tasks.compaction.plan import CompactionPlan, plan_compaction
 from seedance_tasks.compaction.settings import CompactionSettings
-from seedance_tasks.compaction.writer import JOURNAL_KIND, compact_partition
+from seedance_tasks.compaction.writer import JOURNAL_KIND, compact_partition, journal_prefix
+from seedance_tasks.errors import InputError, UsageError
+from seedance_tasks.storage import Location
 
 PLANS_DIR = f"{storage.SEEDANCE_DIR}/plans"
+LEASE_NAME = "dataset"
+MAX_GROUPS = 64  # mapped task instances per DAG run; well under Airflow's max_map_length
+
+
+def open_dataset(uri: str) -> Location:
+    """The Location of an existing dataset root; InputError if the path or bucket does not exist."""
+    root = storage.resolve(uri)
+    info = root.fs.get_file_info(root.path)
+    if info.type == pafs.FileType.File:
+        raise UsageError(f"{root.uri} is a file, not a dataset directory",
+                         hint="give the dataset's root directory (or prefix), which holds its partitions")
+    if info.type != pafs.FileType.NotFound:
+        return root
+    if root.is_s3:
+        bucket = root.path.split("/", 1)[0]
+        if root.fs.get_file_info(bucket).type == pafs.FileType.NotFound:
+            raise InputError(f"no such bucket: {bucket} (in {root.uri})",
+                             hint="check the bucket name, the endpoint (AWS_ENDPOINT_URL) and the credentials")
+        raise InputError(f"nothing at {root.uri}: no object has that prefix",
+                         hint="check the prefix; nothing was compacted")
+    raise InputError(f"no such dataset: {root.uri} does not exist",
+                     hint="check the path; nothing was compacted")
 
 
 def prepare(uri: str, settings: CompactionSettings, *, now: datetime | None = None,
-            recover: bool = True) -> tuple[CompactionPlan, list[dict]]:
+            recover: bool = True, run_id: str | None = None) -> tuple[CompactionPlan, list[dict]]:
     """Finish interrupted runs under `uri` (from their journals), then plan a new run.
 
-    With recover=False (dry runs) interrupted runs are only reported. Returns the plan and what
-    recovery did. Raises RefusedError for table-format datasets.
+    With recover=False (dry runs) interrupted runs are only reported. Callers that change the
+    lake hold its lease. Returns the plan and what recovery did. Raises RefusedError for
+    table-format datasets, InputError for a dataset that does not exist.
     """
-    root = storage.resolve(uri)
+    root = open_dataset(uri)
     if recover:
         recovered = journal.recover(root, JOURNAL_KIND)
     else:
         recovered = [{"run_id": item.run_id, "action": f"pending ({item.state})"}
                      for item in journal.pending(root, JOURNAL_KIND)]
     plan = plan_compaction(
-        root, storage.new_run_id(now), small_file_size=settings.effective_small_file_size,
+        root, run_id or storage.new_run_id(now), small_file_size=settings.effective_small_file_size,
         min_age_s=settings.min_age, now=now,
     )
     return plan, recovered
@@ -71,18 +100,23 @@ def group_partitions(plan: CompactionPlan, max_groups: int) -> list[list[int]]:
 
 
 def compact_group(plan: CompactionPlan, indices: list[int], settings: CompactionSettings,
-                  *, workers: int | None = None, on_done: Callable[[dict], None] | None = None) -> list[dict]:
+                  *, workers: int | None = None, on_done: Callable[[dict], None] | None = None,
+                  held: lease.Lease | None = None, resume: bool = False) -> list[dict]:
     """Compact the partitions `indices` of `plan`, up to `workers` at once; results in order.
 
     Partitions run in threads: pyarrow decodes, encodes and compresses without the GIL, and
     threads spare the start-up of worker processes (measured faster in bench/compaction.py).
+    `held` (the lake's lease) is checked before every commit; `resume` is for a retried attempt
+    with the same inputs (see `compact_partition`).
     """
     workers = workers or settings.workers or os.cpu_count() or 1
     workers = max(1, min(workers, len(indices)))
     results: dict[int, dict] = {}
+    root = storage.resolve(plan.uri)
 
     def compact_one(index: int) -> dict:
-        return asdict(compact_partition(storage.resolve(plan.uri), plan.partitions[index], plan.run_id, index, settings))
+        return asdict(compact_partition(root, plan.partitions[index], plan.run_id, index, settings,
+                                        held=held, resume=resume))
 
     if workers == 1:
         for index in indices:
@@ -163,26 +197,95 @@ def summarize(plan: CompactionPlan, results: list[dict], settings: CompactionSet
 
 
 def compact_dataset(uri: str, settings: CompactionSettings, *, dry_run: bool = False,
-                    now: datetime | None = None, on_progress: Callable[[int, int], None] | None = None) -> dict:
+                    now: datetime | None = None, on_progress: Callable[[int, int], None] | None = None,
+                    wait_s: float = 0.0) -> dict:
     """Compact the dataset at `uri` (see the module doc); returns the report.
 
-    `on_progress(bytes_done, bytes_total)` is called as partitions finish.
+    Holds the lake's lease for the whole run (holder: the run id): raises LeaseHeldError naming
+    the holder when another run has it, after waiting up to `wait_s`. A dry run changes nothing
+    and takes no lease. `on_progress(bytes_done, bytes_total)` is called as partitions finish.
     """
     started = time.monotonic()
     now = now or datetime.now(UTC)
-    plan, recovered = prepare(uri, settings, now=now, recover=not dry_run)
     if dry_run:
+        plan, recovered = prepare(uri, settings, now=now, recover=False)
         return summarize(plan, [], settings, recovered=recovered, dry_run=True, seconds=time.monotonic() - started)
-    if plan.partitions:
-        save_plan(plan)
-    total = sum(partition.bytes for partition in plan.partitions)
-    done = 0
+    root = open_dataset(uri)
+    run_id = storage.new_run_id(now)
+    with lease.holding(root, LEASE_NAME, holder=run_id, purpose=f"seedance compact {root.uri}",
+                       wait_s=wait_s) as held:
+        plan, recovered = prepare(uri, settings, now=now, run_id=run_id)
+        if plan.partitions:
+            save_plan(plan)
+        total = sum(partition.bytes for partition in plan.partitions)
+        done = 0
 
-    def progress(result: dict) -> None:
-        nonlocal done
-        done += result["bytes_before"] or 0
-        if on_progress:
-            on_progress(done, total)
+        def progress(result: dict) -> None:
+            nonlocal done
+            done += result["bytes_before"] or 0
+            if on_progress:
+                on_progress(done, total)
 
-    results = compact_group(plan, list(range(len(plan.partitions))), settings, on_done=progress)
+        results = compact_group(plan, list(range(len(plan.partitions))), settings, on_done=progress, held=held)
     return summarize(plan, results, settings, recovered=recovered, seconds=time.monotonic() - started)
+
+
+# --------------------------------------------------------------------------- the DAG's steps
+
+
+def plan_for_dag(uri: str, settings: CompactionSettings, *, holder: str, dry_run: bool = False,
+                 max_groups: int = MAX_GROUPS) -> dict:
+    """The DAG's plan step: take the lake's lease for the DAG run (kept for the next tasks),
+    recover, plan, save the plan; returns the groups to map (`compact_group_attempt` inputs).
+
+    A dry run takes no lease and changes nothing.
+    """
+    if dry_run:
+        plan, recovered = prepare(uri, settings, recover=False)
+        return {"dry_run_report": summarize(plan, [], settings, recovered=recovered, dry_run=True), "groups": []}
+    root = open_dataset(uri)
+    with lease.holding(root, LEASE_NAME, holder=holder, purpose="seedance_compaction DAG run", release=False):
+        plan, recovered = prepare(uri, settings)
+        plan_uri = save_plan(plan) if plan.partitions else None
+    settings_json = settings.model_dump(mode="json")
+    return {
+        "run_id": plan.run_id,
+        "uri": plan.uri,
+        "plan_uri": plan_uri,
+        "dry_run": False,
+        "settings": settings_json,
+        "recovered": recovered,
+        "groups": [{"plan_uri": plan_uri, "indices": group, "settings": settings_json}
+                   for group in group_partitions(plan, max_groups)],
+    }
+
+
+def compact_group_attempt(group: dict, *, holder: str) -> dict:
+    """One attempt of the DAG's mapped `compact` task; safe to run again with the same `group`.
+
+    Under the lake's lease (re-entrant for the DAG run's `holder`, heartbeating while it works):
+    first recovers the journals of its own partitions' earlier attempts (never a sibling's),
+    then reports the partitions an earlier attempt finished and compacts the rest.
+    """
+    from seedance_tasks.compaction.settings import CompactionSettings
+
+    plan = load_plan(group["plan_uri"])
+    settings = CompactionSettings.model_validate(group["settings"])
+    root = storage.resolve(plan.uri)
+    indices = [int(index) for index in group["indices"]]
+    with lease.holding(root, LEASE_NAME, holder=holder, purpose="seedance_compaction DAG run",
+                       release=False) as held:
+        recovered = []
+        for index in indices:
+            recovered += journal.recover(root, JOURNAL_KIND, prefix=journal_prefix(plan.run_id, index))
+        results = compact_group(plan, indices, settings, workers=1, held=held, resume=True)
+    return {"results": results, "recovered": recovered}
+
+
+def purge_for_dag(uri: str, older_than_s: float, *, holder: str, apply: bool = True) -> dict:
+    """The DAG's last step: purge old trash under the lease, then release the DAG run's lease."""
+    root = storage.resolve(uri)
+    if not apply:
+        return journal.purge_trash(root, older_than_s, apply=False)
+    with lease.holding(root, LEASE_NAME, holder=holder, purpose="seedance_compaction DAG run"):
+        return journal.purge_trash(root, older_than_s)

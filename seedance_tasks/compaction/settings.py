@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from seedance_tasks.config import StrictModel
 from seedance_tasks.units import ByteSize, Duration
@@ -30,6 +30,13 @@ class CompactionSettings(StrictModel):
         30 * 2, ge=0, description="reads (GET) + lists per small file per month, for the saving estimate"
     )
     s3_get_price_per_1000: str = Field("0.0004", description="USD per 1,000 GET requests (S3 Standard)")
+
+    @field_validator("target_file_size", "row_group_size", "small_file_size")
+    @classmethod
+    def _positive(cls, value: int | None) -> int | None:
+        if value is not None and value <= 0:
+            raise ValueError("must be a positive size such as 512MiB (a file of 0 bytes cannot hold a row)")
+        return value
 
     @model_validator(mode="after")
     def _small_below_target(self) -> CompactionSettings:

@@ -9,19 +9,24 @@ sources retired to the trash, all through a journal (`seedance_tasks.journal`).
 
 from __future__ import annotations
 
+import errno
+import os
 import posixpath
+import secrets
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from seedance_tasks import journal as journals
 from seedance_tasks import storage
 from seedance_tasks.compaction.plan import PartitionPlan, SourceFile
 from seedance_tasks.compaction.schema import SchemaConflict, conform, unify
 from seedance_tasks.compaction.settings import CompactionSettings
-from seedance_tasks.errors import IntegrityError
+from seedance_tasks.errors import ResourceError
 from seedance_tasks.journal import Journal
 from seedance_tasks.parallel import ordered_map
 from seedance_tasks.storage import Location
@@ -31,6 +36,8 @@ _READ_THREADS = 2
 _READ_AHEAD = 4
 _CARDINALITY_SAMPLE_ROWS = 8_192
 _READ_ERRORS = (pa.ArrowInvalid, pa.ArrowIOError, pa.ArrowNotImplementedError, pa.ArrowTypeError, OSError, ValueError)
+_DATA_ERRORS = (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError)  # not OSError: storage faults
+_S3_KEY_MAX = 1024  # bytes
 
 
 class BadSourceFile(Exception):
@@ -84,8 +91,13 @@ def _read_units(sources: list[tuple[SourceFile, pq.ParquetFile]], read_bytes: in
                 batch, batch_bytes = [], 0
 
 
+
 def _read(root: Location, unit: _ReadUnit, schema: pa.Schema) -> pa.Table:
-    """One read unit as a table of `schema`; its own file handle, so reads can run in parallel."""
+    """One read unit as a table of `schema`; its own file handle, so reads can run in parallel.
+
+    A value the unified schema cannot hold (e.g. a millisecond timestamp beyond the nanosecond
+    range) raises SchemaConflict naming the file: the partition is skipped, the file is fine.
+    """
     parquet = _open(root, unit.source)
     try:
         table = parquet.read_row_groups(list(unit.row_groups))
@@ -95,35 +107,65 @@ def _read(root: Location, unit: _ReadUnit, schema: pa.Schema) -> pa.Table:
         ) from None
     finally:
         parquet.close()
-    return conform(table, schema)
+    try:
+        return conform(table, schema)
+    except _DATA_ERRORS as exc:
+        raise SchemaConflict(f"{unit.source.path}: its values do not fit the partition's unified schema "
+                             f"({_first_line(exc)})") from None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
 
 
 def _dictionary_columns(table: pa.Table, max_cardinality: float) -> list[str]:
-    """Columns worth dictionary encoding: strings, binaries and integers with few distinct values."""
+    """Columns worth dictionary encoding: strings, binaries and integers with few distinct values.
+
+    Columns that are dictionary-typed already (categoricals) keep their dictionary.
+    """
     chosen = []
     table = table.slice(0, _CARDINALITY_SAMPLE_ROWS)
     rows = max(table.num_rows, 1)
     for field_ in table.schema:
         kind = field_.type
+        if pa.types.is_dictionary(kind):
+            chosen.append(field_.name)
+            continue
         if not (pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_string_view(kind)
                 or pa.types.is_binary(kind) or pa.types.is_large_binary(kind) or pa.types.is_binary_view(kind)
-                or pa.types.is_integer(kind) or pa.types.is_dictionary(kind)):
+                or pa.types.is_integer(kind)):
             continue
         column = table.column(field_.name)
         if pa.types.is_string_view(kind) or pa.types.is_binary_view(kind):  # no count_distinct kernel
             column = column.cast(pa.large_string() if pa.types.is_string_view(kind) else pa.large_binary())
-        distinct = pc.count_distinct(column).as_py()
+        try:
+            distinct = pc.count_distinct(column).as_py()
+        except _DATA_ERRORS:  # a type without a kernel: plain encoding is always correct
+            continue
         if distinct / rows <= max_cardinality:
             chosen.append(field_.name)
     return chosen
 
 
+def output_names(partition: str, run_id: str, token: str, number: int) -> dict:
+    """The staged (hidden, short) and final names of one output file of one attempt.
+
+    Both carry the attempt's token, so a retried attempt never writes over an earlier one's
+    files; the staged name stays short so that it fits wherever the final name fits.
+    """
+    return {
+        "staged": posixpath.join(partition, f".seedance-{token}-{number:05d}.parquet"),
+        "final": posixpath.join(partition, f"part-{run_id}-{token}-{number:05d}.parquet"),
+    }
+
+
 class _RollingWriter:
     """Writes row groups of about `row_group_size` bytes into files of about `target_file_size`."""
 
-    def __init__(self, root: Location, journal: Journal, partition: str, run_id: str, schema: pa.Schema,
-                 settings: CompactionSettings):
-        self.root, self.journal, self.partition, self.run_id = root, journal, partition, run_id
+    def __init__(self, root: Location, journal: Journal, partition: str, run_id: str, token: str,
+                 schema: pa.Schema, settings: CompactionSettings):
+        self.root, self.journal, self.partition, self.run_id, self.token = root, journal, partition, run_id, token
         self.schema, self.settings = schema, settings
         self.pending: list[pa.Table] = []
         self.pending_bytes = 0
@@ -134,6 +176,8 @@ class _RollingWriter:
         self.outputs: list[dict] = []  # {"staged", "final"} relative paths
 
     def write(self, table: pa.Table) -> None:
+        if table.num_rows == 0:  # nothing to write (a zero-row file or row group)
+            return
         self.pending.append(table)
         self.pending_bytes += table.nbytes
         if self.pending_bytes >= self._flush_threshold():
@@ -147,15 +191,13 @@ class _RollingWriter:
         return min(self.settings.row_group_size, max(room / self.ratio, floor))
 
     def _open_next(self, sample: pa.Table) -> None:
-        index = len(self.outputs)
-        final = posixpath.join(self.partition, f"part-{self.run_id}-{index:05d}.parquet")
-        staged = posixpath.join(self.partition, f".seedance-staging-{self.run_id}-{index:05d}.parquet")
-        self.journal.add_publish(staged, final)
-        self.outputs.append({"staged": staged, "final": final})
+        names = output_names(self.partition, self.run_id, self.token, len(self.outputs))
+        self.journal.add_publish(names["staged"], names["final"])
+        self.outputs.append(names)
         if self.dictionary is None:
             self.dictionary = _dictionary_columns(sample, self.settings.dictionary_max_cardinality)
         compression = None if self.settings.compression == "none" else self.settings.compression
-        self.sink = self.root.fs.open_output_stream(self.root.join(staged))
+        self.sink = self.root.fs.open_output_stream(self.root.join(names["staged"]))
         self.writer = pq.ParquetWriter(
             self.sink,
             self.schema,
@@ -191,15 +233,34 @@ class _RollingWriter:
             self.writer = self.sink = None
 
     def close(self) -> list[dict]:
+        """Write what is pending and close; a partition without rows still gets one (empty) file."""
         self._flush()
+        if not self.outputs:  # only zero-row sources: one file keeps the schema visible
+            self._open_next(self.schema.empty_table())
         self._close_current()
         return self.outputs
 
     def abort(self) -> None:
+        """Close and remove this attempt's staged files: hidden, never published, only ours.
+
+        Removing them (rather than moving them to the trash) frees the space at once, which
+        matters when the write failed because the disk is full.
+        """
         try:
             self._close_current()
         except _READ_ERRORS:
             self.writer = self.sink = None
+        for output in self.outputs:
+            path = self.root.join(output["staged"])
+            try:
+                if storage.is_file(self.root.fs, path):
+                    self.root.fs.delete_file(path)
+            except OSError:  # the journal's rollback moves what is left to the trash
+                pass
+
+
+class _Unverified(Exception):
+    """The staged files do not hold what the sources hold; nothing was published."""
 
 
 def _verify(root: Location, outputs: list[dict], rows: int, schema: pa.Schema) -> tuple[int, int]:
@@ -212,28 +273,74 @@ def _verify(root: Location, outputs: list[dict], rows: int, schema: pa.Schema) -
             size = handle.size()
         written_schema = metadata.schema.to_arrow_schema().remove_metadata()
         if not written_schema.equals(schema, check_metadata=False):
-            raise IntegrityError(f"{root.uri_of(path)} was written with schema {written_schema}, expected {schema}")
+            raise _Unverified(f"the rewritten file reads back with schema {written_schema}, expected {schema}")
         seen_rows += metadata.num_rows
         seen_bytes += size
     if seen_rows != rows:
-        raise IntegrityError(f"compacted files hold {seen_rows} rows, their sources {rows}; nothing was published")
+        raise _Unverified(f"the compacted files hold {seen_rows} rows, their sources {rows}")
     return seen_rows, seen_bytes
 
 
+def _path_limits(root: Location) -> tuple[int, int | None]:
+    """(longest path, longest name) in bytes that `root`'s filesystem accepts."""
+    if root.is_s3:
+        return _S3_KEY_MAX, None
+    try:
+        return os.pathconf(root.path, "PC_PATH_MAX") - 1, os.pathconf(root.path, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        return 4095, 255
+
+
+def _too_long(root: Location, plan: PartitionPlan, run_id: str, sources: list[SourceFile]) -> str | None:
+    """Why the paths this partition's compaction must create would not fit the filesystem, or None.
+
+    Checked before anything is written: the staged and final outputs, and the trash and
+    quarantine places of every source (a retire that cannot be done would jam the journal).
+    """
+    path_max, name_max = _path_limits(root)
+    names = output_names(plan.partition, run_id, "f" * 8, 99_999)
+    wanted = [names["staged"], names["final"]]
+    for source in sources:
+        wanted.append(posixpath.join(storage.TRASH_DIR, run_id, source.path))
+        wanted.append(posixpath.join(storage.QUARANTINE_DIR, run_id, source.path) + ".reason.json")
+    for relative in wanted:
+        full = root.join(relative)
+        length = len((full.partition("/")[2] if root.is_s3 else full).encode())
+        if length > path_max:
+            return (f"path too long: compacting needs {root.uri_of(full)} ({length} bytes), over this "
+                    f"filesystem's limit of {path_max}; use shorter partition or file names")
+        longest = max(relative.split("/"), key=lambda part: len(part.encode()))
+        if name_max and len(longest.encode()) > name_max:
+            return f"name too long: {longest[:40]}... is over {name_max} bytes"
+    return None
+
+
 def compact_partition(root: Location, plan: PartitionPlan, run_id: str, index: int,
-                      settings: CompactionSettings) -> PartitionResult:
+                      settings: CompactionSettings, *, held=None, resume: bool = False) -> PartitionResult:
     """Compact one partition: write hidden, verify, publish, retire the sources to the trash.
 
-    Unreadable sources are quarantined and the partition retried without them; a schema conflict
-    skips the partition with the reason. Returns what was done.
+    Unreadable sources are quarantined and the partition retried without them; a schema conflict,
+    a value or type that cannot be rewritten exactly, or a path too long for the filesystem skips
+    the partition with the reason. Each try has its own journal and file names (an attempt
+    token), so an attempt never overwrites another's. With `resume` (a retried task), a partition
+    an earlier attempt already compacted is reported from its done journal, not compacted again,
+    and only the sources still in place are compacted. `held` (the dataset's lease) is checked
+    right before the point of no return. Returns what was done.
     """
     sources = list(plan.files)
     quarantined: list[dict] = []
-    for attempt in range(len(sources) + 1):
+    if resume:
+        earlier, sources, quarantined = _resume(root, plan, run_id, index)
+        if earlier is not None:
+            return earlier
+    too_long = _too_long(root, plan, run_id, sources)
+    if too_long:
+        return PartitionResult(plan.partition or ".", "skipped", too_long)
+    for _ in range(len(sources) + 1):
         opened: list[tuple[SourceFile, pq.ParquetFile]] = []
-        journal_id = f"{run_id}-p{index:05d}" + (f"-r{attempt}" if attempt else "")
+        token = secrets.token_hex(4)
         try:
-            result = _attempt(root, plan, run_id, journal_id, settings, sources, opened, quarantined)
+            result = _attempt(root, plan, run_id, index, token, settings, sources, opened, quarantined, held)
         except BadSourceFile as bad:
             quarantined.append(_quarantine(root, bad, run_id))
             sources = [source for source in sources if source.path != bad.source.path]
@@ -245,8 +352,73 @@ def compact_partition(root: Location, plan: PartitionPlan, run_id: str, index: i
     raise AssertionError("unreachable: every retry removes one source")
 
 
-def _attempt(root: Location, plan: PartitionPlan, run_id: str, journal_id: str, settings: CompactionSettings,
-             sources: list[SourceFile], opened: list, quarantined: list[dict]) -> PartitionResult:
+def journal_prefix(run_id: str, index: int) -> str:
+    """The journal id prefix of every attempt at partition `index` of run `run_id`."""
+    return f"{run_id}-p{index:05d}-"
+
+
+def _resume(root: Location, plan: PartitionPlan, run_id: str, index: int
+            ) -> tuple[PartitionResult | None, list[SourceFile], list[dict]]:
+    """What earlier attempts at this partition left: (their result if one finished, sources
+    still in place, sources they quarantined)."""
+    infos = root.fs.get_file_info([root.join(source.path) for source in plan.files]) if plan.files else []
+    in_place = [source for source, info in zip(plan.files, infos, strict=True) if info.type == pafs.FileType.File]
+    if len(in_place) == len(plan.files):
+        return None, in_place, []  # a finished attempt retires every source: none finished
+    earlier = _done_result(root, plan, run_id, index)
+    if earlier is not None:
+        return earlier, in_place, earlier.quarantined
+    quarantined = []
+    still_there = {source.path for source in in_place}
+    for source in plan.files:
+        if source.path in still_there:
+            continue
+        reason_path = root.join(storage.QUARANTINE_DIR, run_id, source.path) + ".reason.json"
+        if storage.is_file(root.fs, reason_path):
+            try:
+                reason = str(storage.read_json(root.fs, reason_path).get("reason", ""))
+            except (ValueError, AttributeError):
+                reason = "quarantined by an earlier attempt"
+            quarantined.append({"file": source.path, "reason": reason,
+                                "moved_to": root.uri_of(root.join(storage.QUARANTINE_DIR, run_id, source.path))})
+    return None, in_place, quarantined
+
+
+def _done_result(root: Location, plan: PartitionPlan, run_id: str, index: int) -> PartitionResult | None:
+    """The result of an earlier attempt that compacted this partition, rebuilt from its done journal."""
+    prefix = journal_prefix(run_id, index)
+    selector = pafs.FileSelector(root.join(journals.DONE_DIR), recursive=False, allow_not_found=True)
+    for info in sorted(root.fs.get_file_info(selector), key=lambda item: item.path):
+        name = posixpath.basename(info.path)
+        if not name.startswith(prefix) or not name.endswith(".json"):
+            continue
+        done = journals.find(root, name.removesuffix(".json"))
+        if done is None or done.state != journals.DONE or done.kind != JOURNAL_KIND:
+            continue
+        recorded = done.meta.get("result") if isinstance(done.meta.get("result"), dict) else {}
+        quarantined = recorded.get("quarantined")
+        return PartitionResult(
+            plan.partition or ".", "compacted",
+            files_before=len(done.retires), bytes_before=_count(recorded, "bytes_before"),
+            files_after=len(done.publishes), bytes_after=_count(recorded, "bytes_after"),
+            rows=_count(recorded, "rows"),
+            outputs=[item["final"] for item in done.publishes],
+            quarantined=quarantined if isinstance(quarantined, list) else [],
+        )
+    return None
+
+
+def _count(recorded: dict, key: str) -> int:
+    """A count from a journal's recorded result (untrusted: 0 if it is not a number)."""
+    try:
+        return max(int(recorded.get(key, 0)), 0)
+    except (TypeError, ValueError):
+        return 0
+
+
+def _attempt(root: Location, plan: PartitionPlan, run_id: str, index: int, token: str,
+             settings: CompactionSettings, sources: list[SourceFile], opened: list, quarantined: list[dict],
+             held) -> PartitionResult:
     """One try at a partition; raises BadSourceFile (after rolling back) if a source breaks mid-read."""
     partition_label = plan.partition or "."
     for source in list(sources):
@@ -263,9 +435,11 @@ def _attempt(root: Location, plan: PartitionPlan, run_id: str, journal_id: str, 
     except SchemaConflict as conflict:
         return PartitionResult(partition_label, "skipped", str(conflict), quarantined=quarantined)
     rows = sum(parquet.metadata.num_rows for _, parquet in opened)
-    journal = Journal.begin(root, journal_id, JOURNAL_KIND, [], [source.path for source in sources],
-                            meta={"partition": plan.partition}, trash_id=run_id)
-    writer = _RollingWriter(root, journal, plan.partition, run_id, schema, settings)
+    journal = Journal.begin(root, f"{journal_prefix(run_id, index)}a{token}", JOURNAL_KIND, [],
+                            [source.path for source in sources], meta={"partition": plan.partition},
+                            trash_id=run_id)
+    writer = _RollingWriter(root, journal, plan.partition, run_id, token, schema, settings)
+    skip_reason = None
     try:
         units = _read_units(opened, settings.row_group_size // 4)
         # small files are read in parallel (pyarrow decodes without the GIL) while this thread encodes
@@ -274,17 +448,44 @@ def _attempt(root: Location, plan: PartitionPlan, run_id: str, journal_id: str, 
             writer.write(table)
         outputs = writer.close()
         written_rows, written_bytes = _verify(root, outputs, rows, schema)
+    except SchemaConflict as conflict:
+        skip_reason = str(conflict)
+    except _Unverified as failed:
+        skip_reason = f"verification failed, nothing published: {failed}"
+    except _DATA_ERRORS as exc:
+        skip_reason = f"cannot be rewritten exactly ({type(exc).__name__}: {_first_line(exc)}); left as it is"
+    except OSError as exc:
+        writer.abort()
+        journal.rollback()
+        if exc.errno == errno.ENAMETOOLONG:
+            return PartitionResult(partition_label, "skipped", f"name too long for the filesystem: {exc}",
+                                   quarantined=quarantined)
+        if exc.errno == errno.ENOSPC or "errno 28]" in str(exc):
+            raise ResourceError(
+                f"no space left on the device while compacting {root.uri_of(root.join(plan.partition))}: "
+                "the partial staged file was removed and nothing was changed",
+                hint="free space on that disk and rerun; the next run compacts this partition again",
+            ) from exc
+        raise
     except BaseException:
         writer.abort()
         journal.rollback()
         raise
-    journal.commit()
-    return PartitionResult(
+    if skip_reason is not None:
+        writer.abort()
+        journal.rollback()
+        return PartitionResult(partition_label, "skipped", skip_reason, quarantined=quarantined)
+    result = PartitionResult(
         partition_label, "compacted",
         files_before=len(sources), bytes_before=sum(source.size for source in sources),
         files_after=len(outputs), bytes_after=written_bytes, rows=written_rows,
         outputs=[output["final"] for output in outputs], quarantined=quarantined,
     )
+    journal.meta["result"] = asdict(result)  # saved with the commit: a retry reports it from here
+    if held is not None:
+        held.check()  # LeaseLostError: the new holder rolls this writing journal back
+    journal.commit()
+    return result
 
 
 def _quarantine(root: Location, bad: BadSourceFile, run_id: str) -> dict:

@@ -130,7 +130,7 @@ def test_corrupt_data_page_quarantined_after_partial_write(tmp_path, small_setti
     assert report["rows"] == 4_500
     ids = read_lake(lake).column("event_id").to_pylist()
     assert len(ids) == len(set(ids)) == 4_500
-    assert not [p for p in lake.rglob(".seedance-staging-*") if "_seedance" not in p.parts]
+    assert not [p for p in lake.rglob(".seedance-*") if "_seedance" not in p.parts]
 
 
 @pytest.mark.parametrize(

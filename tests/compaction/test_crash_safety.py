@@ -20,14 +20,15 @@ from seedance_tasks.config import load_settings, settings_with
 settings = settings_with(load_settings(), "compaction", target_file_size="512KiB", row_group_size="64KiB",
                          min_age="0", workers=1)
 print("ready", flush=True)
-report = compact_dataset(sys.argv[1], settings)
+report = compact_dataset(sys.argv[1], settings, wait_s=60)  # a killed run's lease expires by its TTL
 print(json.dumps({"rows": report["rows"]}), flush=True)
 """
 
 
 def _start(lake):
     child = subprocess.Popen(
-        [sys.executable, "-c", CHILD, str(lake)], stdout=subprocess.PIPE, text=True, start_new_session=True
+        [sys.executable, "-c", CHILD, str(lake)], stdout=subprocess.PIPE, text=True, start_new_session=True,
+        env={**os.environ, "SEEDANCE__STORAGE__LEASE_TTL": "1s"},  # a killed holder's lease expires fast
     )
     assert child.stdout.readline().strip() == "ready"
     return child

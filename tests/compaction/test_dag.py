@@ -53,3 +53,38 @@ def test_invalid_params_are_refused(run_dag):
 
     with pytest.raises(ParamValidationError):
         run_dag("seedance_compaction", {"uri": "/tmp/x", "target_file_size": "big"})
+
+
+def test_compact_task_retried_by_airflow_after_a_transient_error(tmp_path, run_dag, dagbag):
+    """A real Airflow retry: the first `compact` attempt fails mid-retire (an injected transient
+    storage error), Airflow runs it again (try 2), which finishes the job: the lake holds exactly
+    the original rows, the report counts each partition once, and the DAG run's lease is released."""
+    from datetime import timedelta
+
+    from seedance_tasks import faults, journal, lease, storage
+    from seedance_tasks.compaction.run import LEASE_NAME
+
+    from .conftest import lake_digest
+
+    lake = tmp_path / "lake"
+    make_sample_lake(str(lake), partitions=2, files_per_partition=3, rows_per_file=500)
+    digest = lake_digest(lake)
+    compact = dagbag.dags["seedance_compaction"].task_dict["compact"]
+    saved = compact.retry_delay, compact.retry_exponential_backoff
+    compact.retry_delay, compact.retry_exponential_backoff = timedelta(seconds=0), False  # no 2 min wait here
+    try:
+        # the 2nd retire point of the process: the first compact attempt, mid-retire; fires once
+        with faults.armed(at=2, mode="raise", match="storage.retire"):
+            # every param explicit: the session's DAG object keeps the params of earlier runs' conf
+            dag_run = run_dag("seedance_compaction", {"uri": str(lake), "target_file_size": "512KiB", "min_age": "0",
+                                                      "dry_run": False, "purge_older_than": "7d"})
+    finally:
+        compact.retry_delay, compact.retry_exponential_backoff = saved
+    assert dag_run.state == "success"
+    tries = sorted(ti.try_number for ti in dag_run.get_task_instances() if ti.task_id == "compact")
+    assert tries == [1, 2], tries  # one mapped task retried once, its sibling ran once
+    report = xcom_value(dag_run, "report")
+    assert report["partitions_compacted"] == 2 and report["rows"] == digest[0]
+    assert lake_digest(lake) == digest
+    root = storage.resolve(lake)
+    assert journal.pending(root) == [] and lease.current(root, LEASE_NAME) is None
