@@ -356,7 +356,19 @@ def recover(root: Location, kind: str | None = None, prefix: str | None = None, 
 
 
 def purge_trash(root: Location, older_than_s: float, *, now: datetime | None = None, apply: bool = True) -> dict:
-    """`storage.purge_trash`, keeping the trash of every attempt whose journal is still pending."""
+    """`storage.purge_trash`, keeping the trash of every attempt whose journal is still pending.
+
+    Finished journals older than `older_than_s` go too (a retry looks its predecessor up within
+    minutes, not weeks); the count is in `journals_purged`.
+    """
+    now = now or datetime.now(UTC)
     journals, _ = _scan(root)
-    return storage.purge_trash(root, older_than_s, now=now, apply=apply,
-                               keep={journal.trash for journal in journals})
+    result = storage.purge_trash(root, older_than_s, now=now, apply=apply,
+                                 keep={journal.trash for journal in journals})
+    old = [info for info in storage.list_files(root.child(DONE_DIR), include_hidden=True)
+           if info.mtime is not None and (now - info.mtime.astimezone(UTC)).total_seconds() >= older_than_s]
+    if apply:
+        for info in old:
+            root.fs.delete_file(info.path)
+    result["journals_purged"] = len(old)
+    return result

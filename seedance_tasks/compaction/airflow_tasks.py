@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from seedance_tasks.dag_support import airflow_lease_holder, fail_fast
 from seedance_tasks.errors import UsageError
-from seedance_tasks.faults import InjectedFault
 
 
 def _settings(params: dict):
@@ -42,7 +41,7 @@ def plan_task(params: dict) -> dict:
     return plan_for_dag(uri, settings, holder=airflow_lease_holder(), dry_run=bool(params.get("dry_run")))
 
 
-@fail_fast(retry_on=(InjectedFault,))
+@fail_fast
 def compact_group_task(group: dict) -> dict:
     """Compact one group of partitions of a saved plan; safe to retry with the same group."""
     from seedance_tasks.compaction.run import compact_group_attempt

@@ -164,3 +164,16 @@ def test_every_journal_step_is_a_fault_point(root):
                      "storage.retire.before", "storage.retire.after", "journal.closed"):
         assert expected in names, names
     assert json.loads(open(root.join(journal.DONE_DIR, "run8.json")).read())["state"] == "done"
+
+
+def test_purge_frees_old_finished_journals_but_keeps_pending_ones(root):
+    from datetime import UTC, datetime, timedelta
+
+    journal.Journal.begin(root, "run9", "test", [], ["data/a.txt"]).commit()
+    journal.Journal.begin(root, "run10", "test", [_stage(root, "e.txt", "e")], [])
+    later = datetime.now(UTC) + timedelta(days=8)
+    assert journal.purge_trash(root, 7 * 86400, now=later, apply=False)["journals_purged"] == 1
+    assert journal.find(root, "run9") is not None  # a dry run deletes nothing
+    result = journal.purge_trash(root, 7 * 86400, now=later)
+    assert result["journals_purged"] == 1 and journal.find(root, "run9") is None
+    assert [item.run_id for item in journal.pending(root)] == ["run10"]
