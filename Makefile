@@ -12,7 +12,7 @@ export AIRFLOW__CORE__LOAD_EXAMPLES := False
 export AIRFLOW__DATABASE__SQL_ALCHEMY_CONN := sqlite:///$(CURDIR)/$(DEMO_DIR)/airflow/airflow.db
 export SEEDANCE_WORKSPACE := $(CURDIR)/$(DEMO_DIR)/workspace
 
-.PHONY: venv demo test lint airflow bench clean
+.PHONY: venv system-deps demo test lint airflow bench clean
 
 $(STAMP): requirements.txt requirements-dev.txt pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -25,7 +25,19 @@ venv: $(STAMP)
 demo: venv  ## build a sample workspace and run every pipeline through Airflow (SQLite, local disk)
 	$(BIN)/python -m seedance_tasks.demo --workspace $(SEEDANCE_WORKSPACE)
 
-test: venv  ## the whole test suite
+# Programs the tests drive for real, as COMMAND:DEBIAN_PACKAGE; the missing ones are installed with
+# apt (one `apt-get update`, sudo when not root). chromium: the dashboard's browser tests.
+SYSTEM_TOOLS := chromium:chromium prometheus:prometheus promtool:prometheus
+
+system-deps:  ## install the missing SYSTEM_TOOLS with apt
+	@missing=""; for tool in $(SYSTEM_TOOLS); do command -v $${tool%%:*} >/dev/null 2>&1 || missing="$$missing $${tool#*:}"; done; \
+	if [ -n "$$missing" ]; then \
+	  sudo=""; [ "$$(id -u)" = 0 ] || sudo="sudo"; \
+	  echo "installing with apt:$$missing"; \
+	  $$sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -qq $$missing; \
+	fi
+
+test: venv system-deps  ## the whole test suite
 	$(BIN)/python -m pytest -n 2 --dist loadfile -q $(PYTEST_ARGS)
 
 lint: venv

@@ -1,0 +1,148 @@
+"""One night of the audit: every rule evaluated (or skipped with its reason), findings merged with
+the previous night's (first_seen kept, persisting ones updated, vanished ones resolved), outputs
+written under `<root>/nights/<date>/` (findings.json, findings.parquet, report.html).
+
+A night depends only on its inputs and on the nearest earlier night's findings, so re-running a
+date writes the same outputs, and nights can be backfilled in order.
+"""
+
+from __future__ import annotations
+
+import html
+import io
+import json
+from datetime import date
+from typing import Any
+
+from seedance_tasks import storage
+from seedance_tasks.errors import UsageError
+from seedance_tasks.signals.model import SEVERITIES, Finding, Skipped
+from seedance_tasks.signals.registry import RULES
+from seedance_tasks.signals.sources import Inputs
+
+NIGHTS = "nights"
+
+
+def evaluate_rule(rule_id: str, day: date, inputs: Inputs) -> dict[str, Any]:
+    """`{"id", "fired", "findings"}` of one rule for `day`, or with `"skipped": reason`."""
+    rule = RULES.get(rule_id)
+    if rule is None:
+        raise UsageError(f"unknown signal {rule_id!r}", hint="`seedance signals list` shows them")
+    try:
+        findings = rule.evaluate(day, inputs)
+    except Skipped as why:
+        return {"id": rule_id, "fired": False, "findings": [], "skipped": str(why)}
+    for finding in findings:
+        finding.first_seen = finding.last_seen = day.isoformat()
+    findings.sort(key=lambda item: item.key)
+    return {"id": rule_id, "fired": bool(findings), "findings": [item.to_json() for item in findings]}
+
+
+def _nights(root: storage.Location) -> list[str]:
+    import pyarrow.fs as pafs
+
+    base = root.child(NIGHTS)
+    selector = pafs.FileSelector(base.path, recursive=False, allow_not_found=True)
+    return sorted(info.base_name for info in base.fs.get_file_info(selector) if info.type == pafs.FileType.Directory)
+
+
+def previous_night(root: storage.Location | None, day: date) -> dict[str, Any] | None:
+    """The findings document of the nearest night before `day` under `root`, or None."""
+    if root is None:
+        return None
+    earlier = [name for name in _nights(root) if name < day.isoformat()]
+    for name in reversed(earlier):
+        path = root.join(NIGHTS, name, "findings.json")
+        if storage.is_file(root.fs, path):
+            return storage.read_json(root.fs, path)
+    return None
+
+
+def merge(day: date, results: list[dict[str, Any]], previous: dict[str, Any] | None) -> dict[str, Any]:
+    """The night's document: every rule in registry order, each finding marked new, persisting or
+    escalated (first_seen from the previous night), and `resolved` the previous night's open
+    findings that are gone (their rule ran and stayed silent)."""
+    before = {f["id"]: f for signal in (previous or {}).get("signals", []) for f in signal["findings"]}
+    by_id = {result["id"]: result for result in results}
+    signals, resolved = [], []
+    for rule_id in RULES:
+        result = dict(by_id.get(rule_id) or {"id": rule_id, "fired": False, "findings": [], "skipped": "not evaluated"})
+        merged = []
+        for data in result["findings"]:
+            finding = Finding.from_json(data)
+            old = before.get(finding.id)
+            if old:
+                finding.first_seen = old["first_seen"]
+                rank = SEVERITIES.index
+                finding.change = "escalated" if rank(finding.severity) > rank(old["severity"]) else "persisting"
+            merged.append(finding.to_json())
+        result["findings"] = merged
+        signals.append(result)
+        if "skipped" not in result:
+            now = {f["id"] for f in merged}
+            for old in before.values():
+                if old["signal"] == rule_id and old["id"] not in now:
+                    resolved.append({**old, "status": "resolved", "change": "resolved", "last_seen": old["last_seen"]})
+        else:  # a rule that could not look keeps its findings open, unconfirmed
+            for old in before.values():
+                if old["signal"] == rule_id:
+                    result["findings"].append({**old, "change": "unconfirmed"})
+    return {"date": day.isoformat(), "signals": signals, "resolved": sorted(resolved, key=lambda f: f["id"])}
+
+
+def run_audit(day: date, inputs: Inputs, out: str | None = None) -> dict[str, Any]:
+    """Evaluate every rule for `day`, merge with the previous night under `out`, write the outputs
+    there (when `out` is given) and return the night's document."""
+    root = storage.resolve(out) if out else None
+    night = merge(day, [evaluate_rule(rule_id, day, inputs) for rule_id in RULES], previous_night(root, day))
+    if root is not None:
+        night["outputs"] = write_night(root, night)
+    return night
+
+
+def open_findings(night: dict[str, Any]) -> list[dict[str, Any]]:
+    return [f for signal in night["signals"] for f in signal["findings"]]
+
+
+def write_night(root: storage.Location, night: dict[str, Any]) -> dict[str, str]:
+    """findings.json, findings.parquet and report.html of `night` under `<root>/nights/<date>/`."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    folder = root.child(NIGHTS, night["date"])
+    folder.fs.create_dir(folder.path, recursive=True)
+    document = {key: value for key, value in night.items() if key != "outputs"}
+    storage.write_bytes_atomic(folder.fs, folder.join("findings.json"),
+                               json.dumps(document, indent=1, sort_keys=True, default=str).encode())
+    rows = open_findings(night) + night["resolved"]
+    columns = ["id", "signal", "key", "severity", "status", "change", "summary", "at_stake", "currency", "owner",
+               "first_seen", "last_seen"]
+    table = pa.table({name: pa.array([None if row.get(name) is None else str(row[name]) for row in rows], pa.string())
+                      for name in columns})
+    table = table.append_column("evidence", pa.array([json.dumps(row["evidence"], sort_keys=True) for row in rows],
+                                                     pa.string()))
+    table = table.append_column("fix", pa.array([json.dumps(row.get("fix"), sort_keys=True) for row in rows], pa.string()))
+    sink = io.BytesIO()
+    pq.write_table(table, sink)
+    storage.write_bytes_atomic(folder.fs, folder.join("findings.parquet"), sink.getvalue())
+    storage.write_bytes_atomic(folder.fs, folder.join("report.html"), render_html(night).encode())
+    return {name: folder.uri_of(folder.join(name)) for name in ("findings.json", "findings.parquet", "report.html")}
+
+
+def render_html(night: dict[str, Any]) -> str:
+    """A self-contained HTML page of the night: one row per signal, then every open finding."""
+    e = html.escape
+    lines = [f"<!doctype html><meta charset=utf-8><title>Seedance signals {e(night['date'])}</title>",
+             f"<h1>Cost signals, night of {e(night['date'])}</h1><table border=1>",
+             "<tr><th>signal</th><th>state</th><th>findings</th></tr>"]
+    for signal in night["signals"]:
+        state = f"skipped: {signal['skipped']}" if "skipped" in signal else ("fired" if signal["fired"] else "silent")
+        lines.append(f"<tr><td>{e(signal['id'])}</td><td>{e(state)}</td><td>{len(signal['findings'])}</td></tr>")
+    lines.append("</table><h2>Open findings</h2><table border=1><tr><th>severity</th><th>finding</th><th>at stake"
+                 "/month</th><th>since</th><th>fix</th></tr>")
+    for f in open_findings(night):
+        fix = f"{f['fix']['dag_id']} {json.dumps(f['fix']['conf'])}" if f.get("fix") else ""
+        lines.append(f"<tr><td>{e(f['severity'])}</td><td>{e(f['summary'])}</td><td>{e(f['at_stake'])} "
+                     f"{e(f['currency'])}</td><td>{e(f['first_seen'])}</td><td>{e(fix)}</td></tr>")
+    lines.append("</table>")
+    return "\n".join(lines) + "\n"

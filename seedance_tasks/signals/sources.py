@@ -1,0 +1,381 @@
+"""The inputs of the signals, read once per night and shared by the rules.
+
+- billing: the cost pipeline's normalised FOCUS lines (`cost.ingest`), plus the few FOCUS columns
+  the signals classify by (ChargeDescription, SkuId, ConsumedQuantity, ServiceCategory);
+- metrics: Prometheus through `/api/v1/query_range`, or Parquet samples (timestamp, name, labels,
+  value) that `import_openmetrics` writes from OpenMetrics/Prometheus text;
+- lakes: a listing of each dataset root; checkpoints: the store's catalog (read-only);
+- logs: torch/NCCL log files.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import re
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, date, datetime, timedelta
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from seedance_tasks import storage
+from seedance_tasks.errors import InputError, UnavailableError, UsageError
+from seedance_tasks.signals.model import Skipped
+
+EXTRA_COLUMNS = ["ChargeDescription", "SkuId", "ConsumedQuantity", "ServiceCategory", "x_UsageType"]
+SAMPLES = pa.schema([("timestamp", pa.timestamp("ms", tz="UTC")), ("name", pa.string()),
+                     ("labels", pa.string()), ("value", pa.float64())])
+"""Metric samples on disk: `labels` is a JSON object with sorted keys (one string per series)."""
+
+
+def day_start(day: date) -> datetime:
+    return datetime(day.year, day.month, day.day, tzinfo=UTC)
+
+
+# --------------------------------------------------------------------------- billing
+
+
+def _kinds(descriptions: pa.Array, settings) -> pa.Array:
+    """Each line's kind (egress, requests, piops, compute, other) from its description text."""
+    table = [("egress", settings.egress_patterns), ("piops", settings.iops_patterns),
+             ("requests", settings.request_patterns), ("compute", settings.compute_patterns)]
+
+    def classify(values: pa.Array) -> pa.Array:
+        out = []
+        for text in values.to_pylist():
+            kind = "other"
+            for name, patterns in table:
+                if text and any(re.search(pattern, text) for pattern in patterns):
+                    kind = name
+                    break
+            out.append(kind)
+        return pa.array(out, pa.string())
+
+    from seedance_tasks.cost.ingest import as_dict, per_value
+
+    return per_value(as_dict(descriptions), classify)
+
+
+def _owners(tags: pa.Array, keys: list[str]) -> pa.Array:
+    from seedance_tasks.cost.ingest import as_dict, per_value
+    from seedance_tasks.cost.owners import tag_owner
+
+    def owner_of(values: pa.Array) -> pa.Array:
+        out = []
+        for text in values.to_pylist():
+            try:
+                parsed = json.loads(text) if text else None
+            except ValueError:
+                parsed = None
+            out.append(tag_owner(parsed, keys)[0] if isinstance(parsed, dict) else None)
+        return pa.array(out, pa.string())
+
+    return per_value(as_dict(tags), owner_of)
+
+
+def load_billing(uri: str, settings, *, basis: str = "EffectiveCost", batch_rows: int = 500_000,
+                 default_currency: str | None = None) -> pa.Table:
+    """The billing lines at `uri` as one table: day, currency, cost (decimal), quantity, kind,
+    service, owner, resource. Lines the cost pipeline rejects are left out (its `seedance cost
+    recover` reports them); InputError if the source has no valid line at all."""
+    from seedance_tasks.cost import ingest
+
+    wanted = [*ingest.READ_COLUMNS, *EXTRA_COLUMNS]
+    parts = []
+    for location, path in ingest.billing_files(uri):
+        source = posixpath.basename(path) if location.path == path else location.relative(path)
+        raw = ingest._parquet_batches if path.endswith(".parquet") else ingest._csv_batches
+        first = 1
+        try:
+            for columns in raw(location.fs, path, source, batch_rows, wanted):
+                batch, _ = ingest.normalise(columns, first, source, default_currency=default_currency, costs=(basis,))
+                keep = pc.subtract(batch.column("x_Row"), first)
+                length = len(next(iter(columns.values())))
+                first += length
+
+                def extra(name: str, kept: pa.Array = keep, cols: dict = columns, n: int = length) -> pa.Array:
+                    return cols[name].take(kept) if name in cols else pa.nulls(len(kept), pa.string())
+
+                text = pc.coalesce(extra("ChargeDescription"), extra("x_UsageType"), extra("SkuId"), pa.scalar(""))
+                quantity = pc.cast(pc.replace_substring(pc.cast(extra("ConsumedQuantity"), pa.string()), ",", ""),
+                                   pa.float64(), safe=False)
+                parts.append(pa.table({
+                    "day": pc.cast(batch.column("ChargePeriodStart"), pa.date32()),
+                    "currency": pc.cast(batch.column("BillingCurrency"), pa.string()),
+                    "cost": batch.column(basis),
+                    "quantity": pc.fill_null(quantity, 0.0),
+                    "kind": _kinds(text, settings),
+                    "service": pc.cast(batch.column("ServiceName"), pa.string()),
+                    "owner": _owners(batch.column("Tags"), settings.owner_tags),
+                    "resource": batch.column("ResourceId"),
+                }))
+        except (pa.ArrowInvalid, OSError) as exc:
+            raise InputError(f"{source}: unreadable billing file ({exc})", hint="check the file's format") from None
+    if not parts or not sum(part.num_rows for part in parts):
+        raise InputError(f"no valid billing line at {uri}", hint="run `seedance cost recover` to see why lines are rejected")
+    return pa.concat_tables(parts)
+
+
+def daily(table: pa.Table, keys: list[str], start: date, end: date, value: str = "cost") -> dict[tuple, dict[date, Any]]:
+    """Sum of `value` per `keys` per day, for days in [start, end): {keys: {day: sum}}."""
+    window = table.filter(pc.and_(pc.greater_equal(table["day"], pa.scalar(start, pa.date32())),
+                                  pc.less(table["day"], pa.scalar(end, pa.date32()))))
+    grouped = window.group_by([*keys, "day"]).aggregate([(value, "sum")]).to_pylist()
+    out: dict[tuple, dict[date, Any]] = {}
+    for row in grouped:
+        out.setdefault(tuple(row[key] for key in keys), {})[row["day"]] = row[f"{value}_sum"]
+    return out
+
+
+# --------------------------------------------------------------------------- metrics
+
+
+@dataclass
+class Series:
+    labels: dict[str, str]
+    ts: np.ndarray  # seconds since the epoch, float64, ascending
+    values: np.ndarray
+
+
+def increase(series: Series) -> float:
+    """The increase of a counter over the series (resets count from zero, as Prometheus does)."""
+    if len(series.values) < 2:
+        return 0.0
+    steps = np.diff(series.values)
+    return float(np.where(steps >= 0, steps, series.values[1:]).sum())
+
+
+class ParquetMetrics:
+    """Metric samples from Parquet files (one file, or every visible .parquet under a folder)."""
+
+    def __init__(self, uri: str):
+        self.uri = uri
+        location = storage.resolve(uri)
+        if storage.is_file(location.fs, location.path):
+            paths = [location.path]
+        else:
+            paths = [info.path for info in storage.list_files(location) if info.path.endswith(".parquet")]
+        if not paths:
+            raise InputError(f"no metric samples (.parquet) at {uri}",
+                             hint="write them with `seedance signals import-metrics FILE --out URI`")
+        import pyarrow.dataset as ds
+
+        self.dataset = ds.dataset(paths, filesystem=location.fs, format="parquet")
+        missing = {name for name in SAMPLES.names} - set(self.dataset.schema.names)
+        if missing:
+            raise InputError(f"{uri}: metric samples lack column(s) {', '.join(sorted(missing))}",
+                             hint="samples have columns timestamp, name, labels, value")
+
+    @cached_property
+    def _names(self) -> set[str]:
+        return set(pc.unique(self.dataset.to_table(columns=["name"]).column("name")).to_pylist())
+
+    def names(self) -> set[str]:
+        return self._names
+
+    def series(self, name: str, start: datetime, end: datetime) -> list[Series]:
+        import pyarrow.dataset as ds
+
+        table = self.dataset.to_table(
+            columns=["timestamp", "labels", "value"],
+            filter=(ds.field("name") == name) & (ds.field("timestamp") >= pa.scalar(start, SAMPLES.field(0).type))
+            & (ds.field("timestamp") < pa.scalar(end, SAMPLES.field(0).type)),
+        )
+        if not table.num_rows:
+            return []
+        table = table.sort_by([("labels", "ascending"), ("timestamp", "ascending")])
+        labels = table.column("labels").combine_chunks()
+        ts = pc.cast(table.column("timestamp"), pa.int64()).to_numpy() / 1000.0
+        values = table.column("value").to_numpy()
+        encoded = labels.dictionary_encode()
+        codes = encoded.indices.to_numpy()
+        cuts = np.flatnonzero(np.diff(codes)) + 1
+        out = []
+        for first, last in zip(np.r_[0, cuts], np.r_[cuts, len(codes)], strict=True):
+            out.append(Series(json.loads(encoded.dictionary[codes[first]].as_py()), ts[first:last], values[first:last]))
+        return out
+
+
+class PrometheusMetrics:
+    """A Prometheus server through its HTTP API (`/api/v1/label/__name__/values`, `query_range`)."""
+
+    def __init__(self, url: str, step: float = 300):
+        self.url = url.rstrip("/")
+        self.step = step
+
+    def _get(self, path: str, params: dict[str, Any] | None = None) -> Any:
+        query = f"?{urllib.parse.urlencode(params)}" if params else ""
+        try:
+            with urllib.request.urlopen(f"{self.url}{path}{query}", timeout=60) as response:
+                body = json.load(response)
+        except urllib.error.HTTPError as exc:
+            raise InputError(f"Prometheus {self.url}{path}: HTTP {exc.code} {exc.read()[:300]!r}",
+                             hint="check --metrics / signals.metrics_uri") from None
+        except OSError as exc:
+            raise UnavailableError(f"Prometheus at {self.url} unreachable: {exc}",
+                                   hint="is the server up? check --metrics / signals.metrics_uri") from None
+        if body.get("status") != "success":
+            raise InputError(f"Prometheus {self.url}{path}: {body.get('error')}", hint="check the query")
+        return body["data"]
+
+    @cached_property
+    def _names(self) -> set[str]:
+        return set(self._get("/api/v1/label/__name__/values"))
+
+    def names(self) -> set[str]:
+        return self._names
+
+    def series(self, name: str, start: datetime, end: datetime) -> list[Series]:
+        out = []
+        # query_range returns at most 11,000 points per series: ask in chunks
+        chunk = self.step * 10_000
+        pieces: dict[str, list] = {}
+        labels_of: dict[str, dict] = {}
+        begin = start.timestamp()
+        while begin < end.timestamp():
+            stop = min(end.timestamp() - 1e-3, begin + chunk)
+            data = self._get("/api/v1/query_range", {"query": name, "start": begin, "end": stop, "step": self.step})
+            for item in data["result"]:
+                labels = {k: v for k, v in item["metric"].items() if k != "__name__"}
+                key = json.dumps(labels, sort_keys=True)
+                labels_of[key] = labels
+                pieces.setdefault(key, []).extend(item["values"])
+            begin = stop + self.step
+        for key in sorted(pieces):
+            values = np.array([[float(t), float(v)] for t, v in pieces[key]])
+            out.append(Series(labels_of[key], values[:, 0], values[:, 1]))
+        return out
+
+
+def open_metrics(uri: str, step: float = 300):
+    """A metrics source for `uri`: Prometheus for http(s):// URLs, else Parquet samples."""
+    if uri.startswith(("http://", "https://")):
+        return PrometheusMetrics(uri, step)
+    return ParquetMetrics(uri)
+
+
+def _parse_text(text: str):
+    """Samples (name, labels, value, timestamp-or-None) of OpenMetrics or Prometheus text."""
+    if "# EOF" in text:
+        from prometheus_client.openmetrics.parser import text_string_to_metric_families
+    else:
+        from prometheus_client.parser import text_string_to_metric_families
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            stamp = sample.timestamp
+            yield sample.name, sample.labels, sample.value, None if stamp is None else float(stamp)
+
+
+def import_openmetrics(source: str, out: str, *, at: datetime | None = None) -> dict[str, Any]:
+    """OpenMetrics (or Prometheus text exposition) at `source` as Parquet samples at `out` (a file).
+
+    Samples without a timestamp get `at` (default now). InputError names the file and the line
+    prometheus_client's parser refused."""
+    location = storage.resolve(source)
+    try:
+        text = storage.read_bytes(location.fs, location.path).decode("utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"{source}: unreadable metrics text ({exc})", hint="pass an OpenMetrics text file") from None
+    default = (at or datetime.now(UTC)).timestamp()
+    rows: dict[str, list] = {"timestamp": [], "name": [], "labels": [], "value": []}
+    try:
+        for name, labels, value, stamp in _parse_text(text):
+            rows["timestamp"].append(int(round((default if stamp is None else stamp) * 1000)))
+            rows["name"].append(name)
+            rows["labels"].append(json.dumps(labels, sort_keys=True))
+            rows["value"].append(float(value))
+    except ValueError as exc:
+        raise InputError(f"{source}: not OpenMetrics/Prometheus text: {exc}",
+                         hint="each sample is `name{label=\"v\"} value [timestamp]`; OpenMetrics ends with # EOF") from None
+    table = pa.table({"timestamp": pa.array(rows["timestamp"], pa.int64()).cast(SAMPLES.field(0).type),
+                      "name": rows["name"], "labels": rows["labels"], "value": rows["value"]}, schema=SAMPLES)
+    write_samples(table, out)
+    return {"source": source, "out": out, "samples": table.num_rows,
+            "series": len(set(zip(rows["name"], rows["labels"], strict=True))), "metrics": sorted(set(rows["name"]))}
+
+
+def write_samples(table: pa.Table, out: str) -> None:
+    """Write a SAMPLES table as one Parquet file at `out` (atomically)."""
+    import pyarrow.parquet as pq
+
+    location = storage.resolve(out)
+    sink = pa.BufferOutputStream()
+    pq.write_table(table.sort_by([("name", "ascending"), ("timestamp", "ascending")]), sink, compression="zstd")
+    parent = posixpath.dirname(location.path)
+    if parent:
+        location.fs.create_dir(parent, recursive=True)
+    storage.write_bytes_atomic(location.fs, location.path, sink.getvalue().to_pybytes())
+
+
+# --------------------------------------------------------------------------- all inputs of a night
+
+
+@dataclass
+class Inputs:
+    """The configured sources of one night; each is read on first use and cached."""
+
+    settings: Any
+    billing_uri: str | None = None
+    lakes: list[str] = field(default_factory=list)
+    checkpoints_uri: str | None = None
+    metrics_uri: str | None = None
+    logs: list[str] = field(default_factory=list)
+    basis: str = "EffectiveCost"
+
+    @cached_property
+    def billing(self) -> pa.Table:
+        if not self.billing_uri:
+            raise Skipped("no billing source (--billing or signals.billing_uri)")
+        return load_billing(self.billing_uri, self.settings, basis=self.basis)
+
+    @cached_property
+    def metrics(self):
+        if not self.metrics_uri:
+            raise Skipped("no metrics source (--metrics or signals.metrics_uri)")
+        return open_metrics(self.metrics_uri, self.settings.metrics_step)
+
+    def metric_series(self, name: str, day: date, days_before: int = 0) -> list[Series]:
+        """Series of `name` over `day` and the `days_before` days before it."""
+        end = day_start(day) + timedelta(days=1)
+        return self.metrics.series(name, end - timedelta(days=1 + days_before), end)
+
+    def lake_files(self) -> dict[str, list]:
+        if not self.lakes:
+            raise Skipped("no dataset roots (--lake or signals.lakes)")
+        return {uri: storage.list_files(storage.resolve(uri)) for uri in self.lakes}
+
+    @cached_property
+    def checkpoints(self) -> list[dict]:
+        if not self.checkpoints_uri:
+            raise Skipped("no checkpoint store (--checkpoints or signals.checkpoints_uri)")
+        from seedance_tasks.checkpoint.store import list_checkpoints
+
+        return list_checkpoints(self.checkpoints_uri)
+
+    def log_texts(self) -> Iterable[tuple[str, str]]:
+        if not self.logs:
+            raise Skipped("no training logs (signals.training_logs)")
+        for uri in self.logs:
+            location = storage.resolve(uri)
+            if storage.is_file(location.fs, location.path):
+                paths = [location.path]
+            else:
+                paths = [info.path for info in storage.list_files(location)]
+            for path in paths:
+                yield location.uri_of(path), storage.read_bytes(location.fs, path).decode("utf-8", errors="replace")
+
+
+def parse_day(text: str) -> date:
+    """A YYYY-MM-DD date, or UsageError."""
+    try:
+        return date.fromisoformat(text)
+    except (TypeError, ValueError):
+        raise UsageError(f"--date {text!r} is not a date", hint="write it as YYYY-MM-DD") from None

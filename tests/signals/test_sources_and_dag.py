@@ -1,0 +1,173 @@
+"""The metrics paths (a real Prometheus loaded by promtool, Parquet from import-metrics), the CLI,
+and the DAG: skipped rules, outputs, e-mail and webhook on loopback, Asset events, re-runs."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import subprocess
+import sys
+import threading
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from seedance_tasks.signals.audit import evaluate_rule
+from tests.airflow_services import free_port
+from tests.prometheus_support import MISSING, load_openmetrics, prometheus_server
+from tests.signals.builders import NIGHT, inputs
+
+SEEDANCE = [sys.executable, "-m", "seedance_tasks.cli"]
+
+
+def _history_text() -> str:
+    """30 days of DCGM GPU utilisation of two jobs, every 5 min; job a dips to 30% tonight for 1 h."""
+    start = datetime(NIGHT.year, NIGHT.month, NIGHT.day, tzinfo=UTC) - timedelta(days=29)
+    lines = ["# TYPE DCGM_FI_DEV_GPU_UTIL gauge"]
+    for job, usual in (("a", 80), ("b", 70)):  # OpenMetrics keeps each series' samples together
+        for i in range(30 * 288):
+            dip = job == "a" and 29 * 288 + 36 <= i < 29 * 288 + 48
+            ts = int(start.timestamp() + i * 300)
+            lines.append(f'DCGM_FI_DEV_GPU_UTIL{{gpu="0",UUID="GPU-{job}",job="{job}"}} {30 if dip else usual} {ts}')
+    return "\n".join(lines) + "\n# EOF\n"
+
+
+@pytest.mark.skipif(MISSING is not None, reason=MISSING or "")
+def test_prometheus_and_parquet_paths_agree(tmp_path):
+    text = _history_text()
+    load_openmetrics(text, tmp_path / "tsdb")
+    (tmp_path / "history.om").write_text(text)
+    done = subprocess.run([*SEEDANCE, "signals", "import-metrics", str(tmp_path / "history.om"), "--out",
+                           str(tmp_path / "samples.parquet"), "--json"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["samples"] == 2 * 30 * 288
+    parquet = evaluate_rule("gpu-util-drop", NIGHT, inputs(metrics_uri=str(tmp_path / "samples.parquet")))
+    with prometheus_server(tmp_path / "tsdb") as prom:
+        served = evaluate_rule("gpu-util-drop", NIGHT, inputs(metrics_uri=prom.url))
+    assert [f["key"] for f in served["findings"]] == ["a"]
+    assert served["findings"][0]["evidence"]["longest_low_seconds"] == 3600
+    assert served["findings"] == parquet["findings"]
+
+
+def test_import_metrics_refuses_bad_text(tmp_path):
+    (tmp_path / "bad.txt").write_text("DCGM_FI_DEV_GPU_UTIL{gpu=0} eighty\n")
+    done = subprocess.run([*SEEDANCE, "signals", "import-metrics", str(tmp_path / "bad.txt"), "--out",
+                           str(tmp_path / "x.parquet")], capture_output=True, text=True)
+    assert done.returncode != 0
+    assert "bad.txt" in done.stderr and "hint:" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_cli_run_json_lists_every_rule(tmp_path):
+    from seedance_tasks.signals.registry import RULES
+
+    done = subprocess.run([*SEEDANCE, "signals", "run", "--date", "2024-10-30", "--json"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)
+    assert doc["date"] == "2024-10-30"
+    assert [s["id"] for s in doc["signals"]] == list(RULES)
+    assert all(s["fired"] is False and s["skipped"] for s in doc["signals"])
+    bad = subprocess.run([*SEEDANCE, "signals", "run", "--date", "30/10/2024"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "YYYY-MM-DD" in bad.stderr
+
+
+class _Webhook(http.server.BaseHTTPRequestHandler):
+    received: list = []
+
+    def do_POST(self):  # noqa: N802 - http.server's name
+        self.received.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(b"ok")
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def loopback(monkeypatch):
+    """An aiosmtpd SMTP server and a webhook HTTP server on 127.0.0.1, and an Airflow SMTP connection."""
+    from aiosmtpd.controller import Controller
+
+    class Inbox:
+        def __init__(self):
+            self.messages = []
+
+        async def handle_DATA(self, server, session, envelope):  # noqa: N802 - aiosmtpd's name
+            self.messages.append((envelope.rcpt_tos, envelope.content.decode("utf-8", "replace")))
+            return "250 OK"
+
+    inbox = Inbox()
+    smtp_port, http_port = free_port(), free_port()
+    controller = Controller(inbox, hostname="127.0.0.1", port=smtp_port)
+    controller.start()
+    _Webhook.received = []
+    server = http.server.HTTPServer(("127.0.0.1", http_port), _Webhook)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setenv("AIRFLOW_CONN_SIGNALS_SMTP", json.dumps(
+        {"conn_type": "smtp", "host": "127.0.0.1", "port": smtp_port,
+         "extra": {"disable_tls": True, "disable_ssl": True}}))
+    monkeypatch.setenv("SEEDANCE__SIGNALS__SMTP_CONN_ID", "signals_smtp")
+    monkeypatch.setenv("SEEDANCE__SIGNALS__WEBHOOK_URL", f"http://127.0.0.1:{http_port}/hook")
+    monkeypatch.setenv("SEEDANCE__SIGNALS__DEFAULT_CONTACT", "data-team@example.com")
+    yield inbox, _Webhook.received
+    server.shutdown()
+    controller.stop()
+
+
+def test_dag_with_no_inputs_skips_every_rule(run_dag, tmp_path):
+    from seedance_tasks.dag_support import read_xcom
+
+    dag_run = run_dag("seedance_signals", {"date": "2024-10-30", "out": str(tmp_path / "out")})
+    assert dag_run.state == "success"
+    summary = read_xcom(dag_run, "publish")
+    assert summary["fired"] == [] and len(summary["skipped"]) == 13
+    assert all(reason for reason in summary["skipped"].values())
+    night = json.loads((tmp_path / "out/nights/2024-10-30/findings.json").read_text())
+    assert {s["id"] for s in night["signals"] if s.get("skipped")} == set(summary["skipped"])
+
+
+def test_dag_small_files_mail_webhook_asset_event_once(run_dag, tmp_path, loopback):
+    from airflow.models.asset import AssetEvent, AssetModel
+    from airflow.utils.session import create_session
+
+    inbox, hooks = loopback
+    lake = tmp_path / "lake" / "day=1"
+    lake.mkdir(parents=True)
+    for index in range(10):
+        (lake / f"part-{index}.parquet").write_bytes(b"p" * 4096)
+    conf = {"date": "2024-10-30", "out": str(tmp_path / "out"), "lakes": [str(tmp_path / "lake")]}
+
+    def events():
+        with create_session() as session:
+            return [event.extra for event in session.query(AssetEvent).join(AssetModel, AssetEvent.asset_id == AssetModel.id)
+                    .filter(AssetModel.name == "seedance_signal_small_files")
+                    if event.extra.get("date") == "2024-10-30"
+                    and event.extra["targets"][0]["conf"]["uri"] == str(tmp_path / "lake")]
+
+    assert run_dag("seedance_signals", conf).state == "success"
+    first = (tmp_path / "out/nights/2024-10-30/findings.json").read_bytes()
+    assert len(inbox.messages) == 1 and inbox.messages[0][0] == ["data-team@example.com"]
+    assert "small-files" in inbox.messages[0][1]
+    assert len(hooks) == 1 and "small-files" in hooks[0]["text"]
+    [extra] = events()
+    assert extra["targets"][0]["dag_id"] == "seedance_compaction"
+    assert extra["targets"][0]["conf"] == {"uri": str(tmp_path / "lake"), "dry_run": True}
+    assert extra["apply"] is False
+
+    # a re-run of the night: same outputs, nothing sent or triggered twice
+    assert run_dag("seedance_signals", conf).state == "success"
+    assert (tmp_path / "out/nights/2024-10-30/findings.json").read_bytes() == first
+    assert len(inbox.messages) == 1 and len(hooks) == 1 and len(events()) == 1
+
+    # the next night: the finding persists (first_seen kept, not re-announced); then it is resolved
+    assert run_dag("seedance_signals", {**conf, "date": "2024-10-31"}).state == "success"
+    night = json.loads((tmp_path / "out/nights/2024-10-31/findings.json").read_text())
+    [finding] = [f for s in night["signals"] for f in s["findings"]]
+    assert (finding["first_seen"], finding["last_seen"], finding["change"]) == ("2024-10-30", "2024-10-31", "persisting")
+    assert len(inbox.messages) == 1
+    for path in lake.iterdir():
+        path.unlink()
+    (lake / "big.parquet").write_bytes(b"p")
+    assert run_dag("seedance_signals", {**conf, "date": "2024-11-01"}).state == "success"
+    night = json.loads((tmp_path / "out/nights/2024-11-01/findings.json").read_text())
+    assert [f["id"] for f in night["resolved"]] == [finding["id"]]
