@@ -1,4 +1,4 @@
-"""Airflow plugin: the Seedance page (quarantine and trash of the configured datasets) in the UI."""
+"""Airflow plugin: the Seedance dashboard (cost, savings, data safety) in the UI; see seedance_tasks/ui.py."""
 
 from airflow.plugins_manager import AirflowPlugin
 

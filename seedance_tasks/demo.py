@@ -101,6 +101,8 @@ def _print_summary(results: list[DemoResult], workspace: Path, elapsed: float) -
         for output in result.outputs:
             console.print(f"  [dim]output:[/] {output}")
     console.print(f"\nWorkspace: {workspace}\nAirflow home: {os.environ['AIRFLOW_HOME']}  (UI: make airflow)")
+    console.print("Dashboard (cost, savings, data safety of this workspace): run `make airflow`, log in as admin, "
+                  "open http://localhost:8080/plugin/seedance")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,93 +1,149 @@
-"""The Seedance page in Airflow's UI: what each pipeline keeps aside for people to look at.
+"""The Seedance dashboard in Airflow's UI: cost, savings and data safety (`seedance_tasks.dashboard`).
 
 Served by the plugin in `plugins/seedance_plugin.py` under `/seedance/`, behind Airflow's own
-login (the JWT the UI holds): plugin endpoints are not protected by Airflow on their own.
-Read-only; it lists the quarantine (files set aside, with the reason) and the trash (old data
-awaiting purge) of the configured dataset roots.
+login: plugin endpoints are not protected by Airflow on their own, so the app itself requires a
+valid Airflow JWT (the UI's `_token` cookie or an `Authorization: Bearer` header) on every route,
+through an app-wide dependency on Airflow's `get_user`. Read-only.
 """
 
 from __future__ import annotations
 
-import html
+import re
+from datetime import UTC, datetime
+from html import escape
+from typing import Any
 
-from seedance_tasks import storage
+from seedance_tasks.dashboard import pages, svg
+from seedance_tasks.dashboard.safety import root_status
+from seedance_tasks.dashboard.sources import Sources, find_sources
+from seedance_tasks.errors import SeedanceError
 
-
-def configured_roots() -> list[str]:
-    """Dataset roots the page reports on: `compaction.default_uri` (more as pipelines add them)."""
-    from seedance_tasks.config import load_settings
-
-    settings = load_settings()
-    return [uri for uri in (settings.compaction.default_uri,) if uri]
-
-
-def root_status(uri: str) -> dict:
-    """Quarantined files (with reasons) and trash runs (files, bytes) under one root."""
-    root = storage.resolve(uri)
-    quarantined = []
-    for info in storage.list_files(root.child(storage.QUARANTINE_DIR), include_hidden=True):
-        if info.path.endswith(".reason.json"):
-            reason = storage.read_json(root.fs, info.path)
-            quarantined.append({"file": reason.get("file"), "reason": reason.get("reason"),
-                                "run_id": reason.get("run_id"), "at": reason.get("at")})
-    trash: dict[str, dict] = {}
-    trash_root = root.child(storage.TRASH_DIR)
-    for info in storage.list_files(trash_root, include_hidden=True):
-        run_id = trash_root.relative(info.path).split("/", 1)[0]
-        entry = trash.setdefault(run_id, {"run_id": run_id, "files": 0, "bytes": 0})
-        entry["files"] += 1
-        entry["bytes"] += info.size or 0
-    return {"uri": root.uri, "quarantined": quarantined, "trash": sorted(trash.values(), key=lambda t: t["run_id"])}
+MONTH = re.compile(r"\d{4}-(0[1-9]|1[0-2])")
 
 
-def render_page(statuses: list[dict]) -> str:
-    """The page's HTML (escaped; no scripts, no external resources)."""
-    from seedance_tasks.units import format_size
-
-    parts = ["<!doctype html><meta charset=utf-8><title>Seedance</title>",
-             "<style>body{font-family:sans-serif;margin:1.5em}table{border-collapse:collapse}"
-             "td,th{border:1px solid #ccc;padding:.3em .6em;text-align:left}</style>",
-             "<h1>Seedance</h1>"]
-    if not statuses:
-        parts.append("<p>No dataset root configured: set <code>compaction.default_uri</code> in "
-                     "<code>config/seedance.yaml</code>.</p>")
-    for status in statuses:
-        parts.append(f"<h2>{html.escape(status['uri'])}</h2><h3>Quarantine</h3>")
-        parts.append(_table(["file", "reason", "run"],
-                            [[q["file"], q["reason"], q["run_id"]] for q in status["quarantined"]],
-                            "<p>Nothing quarantined.</p>"))
-        parts.append("<h3>Trash (awaiting <code>seedance trash purge</code>)</h3>")
-        parts.append(_table(["run", "files", "bytes"],
-                            [[t["run_id"], t["files"], format_size(t["bytes"])] for t in status["trash"]],
-                            "<p>Empty.</p>"))
-    return "".join(parts)
+def _failure(exc: Exception) -> str:
+    """One `error:` line (with the hint) for a failure to read a root or the metadata DB."""
+    if isinstance(exc, SeedanceError):
+        return f"error: {exc.message}" + (f" hint: {exc.hint}" if exc.hint else "")
+    return f"error: {type(exc).__name__}: {exc}"
 
 
-def _table(headers: list[str], rows: list[list], empty: str) -> str:
-    """An HTML table of `rows` (every cell escaped), or `empty` when there are none."""
-    if not rows:
-        return empty
-    head = "".join(f"<th>{name}</th>" for name in headers)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(cell))}</td>" for cell in row) + "</tr>" for row in rows)
-    return f"<table><tr>{head}</tr>{body}</table>"
+def safety_statuses(sources: Sources) -> list[tuple[Any, dict | None, str | None]]:
+    """(root, status, error) for every root: one unreadable root does not hide the others."""
+    result = []
+    for root in sources.roots:
+        try:
+            result.append((root, root_status(root.uri), None))
+        except (SeedanceError, OSError, ValueError) as exc:
+            result.append((root, None, _failure(exc)))
+    return result
+
+
+def cost_sections(sources: Sources, now: datetime | None = None) -> tuple[list[str], list]:
+    """The HTML section and the view of every chargeback output root."""
+    from seedance_tasks.dashboard.cost import cost_view
+
+    sections, views = [], []
+    for index, root in enumerate(sources.of("cost")):
+        try:
+            view = cost_view(root.uri, now)
+        except (SeedanceError, OSError, ValueError) as exc:
+            sections.append(f"<h2>{escape(root.uri)}</h2>" + pages.error_box(_failure(exc)))
+            continue
+        views.append(view)
+        sections.append(pages.cost_section(index, root.origin, view))
+    return sections, views
+
+
+def savings_result() -> tuple[dict | None, str | None]:
+    from seedance_tasks.dashboard.airflow_runs import report_runs
+    from seedance_tasks.dashboard.savings import PIPELINES, savings
+
+    try:
+        return savings(report_runs(list(PIPELINES))), None
+    except Exception as exc:  # the metadata DB unreadable: say so on the page, do not fail it
+        return None, _failure(exc)
+
+
+def dag_runs() -> tuple[list[dict] | None, str | None]:
+    from seedance_tasks.dashboard.airflow_runs import last_runs
+
+    try:
+        return last_runs(), None
+    except Exception as exc:  # as above
+        return None, _failure(exc)
+
+
+def overview() -> str:
+    """Headline figures of the three pages, and the roots read."""
+    sources = find_sources()
+    _, views = cost_sections(sources)
+    cards = []
+    for view in views:
+        for currency in view.currencies:
+            last = max(i for i, total in enumerate(currency.totals) if total is not None)
+            cards.append((f"Cost {currency.months[last]} ({currency.currency})",
+                          svg.money(currency.totals[last], currency.currency), "cost"))
+    result, _ = savings_result()
+    if result and result["totals"]:
+        month, total = list(result["totals"].items())[-1]
+        cards.append((f"Saved {month} (a month)", svg.money(total, "USD"), "savings"))
+    statuses = safety_statuses(sources)
+    quarantined = sum(len(status["quarantined"]) for _, status, _ in statuses if status)
+    leases = sum(len(status["leases"]) for _, status, _ in statuses if status)
+    runs, _ = dag_runs()
+    failed = sum(1 for run in runs or [] if run["state"] == "failed")
+    cards += [("Quarantined files", f"{quarantined:,}", "safety"), ("Leases held", f"{leases:,}", "safety"),
+              ("DAGs whose last run failed", f"{failed:,}", "safety")]
+    return pages.overview_page(sources, cards)
 
 
 def create_app():
     """The FastAPI app the plugin mounts; every route needs a logged-in Airflow user."""
     from airflow.api_fastapi.core_api.security import get_user
-    from fastapi import Depends, FastAPI
+    from fastapi import Depends, FastAPI, HTTPException
     from fastapi.responses import HTMLResponse
 
-    app = FastAPI(title="Seedance", docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(title="Seedance", docs_url=None, redoc_url=None, openapi_url=None,
+                  dependencies=[Depends(get_user)])
 
-    @app.get("/", response_class=HTMLResponse, dependencies=[Depends(get_user)])
+    @app.get("/", response_class=HTMLResponse)
     def index() -> str:
-        return render_page([root_status(uri) for uri in configured_roots()])
+        return overview()
 
-    @app.get("/api/status", dependencies=[Depends(get_user)])
+    @app.get("/cost", response_class=HTMLResponse)
+    def cost() -> str:
+        sources = find_sources()
+        return pages.cost_page(sources, cost_sections(sources, datetime.now(UTC))[0])
+
+    @app.get("/cost/report", response_class=HTMLResponse)
+    def cost_report(root: int, month: str) -> HTMLResponse:
+        """The month's report.html of the `root`-th chargeback root (only configured roots are served)."""
+        from seedance_tasks import storage
+
+        roots = find_sources().of("cost")
+        if not MONTH.fullmatch(month) or not 0 <= root < len(roots):
+            raise HTTPException(404, "no such cost root or month")
+        location = storage.resolve(roots[root].uri)
+        path = location.join(f"month={month}", "report.html")
+        if not storage.is_file(location.fs, path):
+            raise HTTPException(404, f"no report.html for {month}")
+        return HTMLResponse(storage.read_bytes(location.fs, path).decode())
+
+    @app.get("/savings", response_class=HTMLResponse)
+    def savings() -> str:
+        return pages.savings_page(*savings_result())
+
+    @app.get("/safety", response_class=HTMLResponse)
+    def safety() -> str:
+        sources = find_sources()
+        runs, error = dag_runs()
+        return pages.safety_page(sources, runs, error, safety_statuses(sources))
+
+    @app.get("/api/status")
     def status() -> list[dict]:
-        return [root_status(uri) for uri in configured_roots()]
+        """Data safety of every root, as JSON."""
+        return [{"pipeline": root.pipeline, "role": root.role, "origin": root.origin, **(found or {"error": error})}
+                for root, found, error in safety_statuses(find_sources())]
 
     return app
-
-

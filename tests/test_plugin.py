@@ -1,9 +1,14 @@
-"""The Seedance page in Airflow's UI: loaded as a plugin, behind Airflow's login, showing the
-quarantine and trash of the configured dataset."""
+"""The Seedance dashboard as a plugin of Airflow's API server (in process): loaded, behind Airflow's
+login on every route, reading the configured roots or the demo workspace's, and saying what to
+configure when there is none. The real-browser checks are in tests/dashboard/test_browser.py."""
 
 import pytest
 
 from seedance_tasks import storage
+from tests.dashboard.conftest import build_chargeback
+
+ROUTES = ("/seedance/", "/seedance/cost", "/seedance/savings", "/seedance/safety", "/seedance/api/status",
+          "/seedance/cost/report?root=0&month=2024-09")
 
 
 @pytest.fixture(scope="module")
@@ -14,36 +19,81 @@ def api_client(airflow_db):
     return TestClient(create_app())
 
 
+@pytest.fixture(scope="module")
+def auth(api_client):
+    from airflow.api_fastapi.app import get_auth_manager
+    from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
+
+    token = get_auth_manager().generate_jwt(SimpleAuthManagerUser(username="admin", role="ADMIN"))
+    return {"Authorization": f"Bearer {token}"}
+
+
 def test_plugin_loads_without_errors(airflow_db):
     from airflow import plugins_manager
 
     plugins, errors = plugins_manager._get_plugins()
     assert not errors, errors
-    assert "seedance" in [plugin.name for plugin in plugins]
+    seedance = [plugin for plugin in plugins if plugin.name == "seedance"]
+    assert seedance and seedance[0].external_views[0]["destination"] == "nav"
 
 
-def test_page_needs_a_logged_in_user(api_client):
-    assert api_client.get("/seedance/").status_code == 401
-    assert api_client.get("/seedance/", headers={"Authorization": "Bearer forged"}).status_code in (401, 403)
+def test_every_route_needs_a_logged_in_user(api_client):
+    for route in ROUTES:
+        assert api_client.get(route).status_code == 401, route
+        assert api_client.get(route, headers={"Authorization": "Bearer forged"}).status_code in (401, 403), route
+        assert api_client.get(route, headers={"Cookie": "_token=forged"}).status_code in (401, 403), route
 
 
-def test_page_shows_quarantine_and_trash(api_client, tmp_path, monkeypatch):
-    from airflow.api_fastapi.app import get_auth_manager
-    from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
+def test_nothing_configured_says_what_to_configure(api_client, auth, monkeypatch):
+    monkeypatch.delenv("SEEDANCE_WORKSPACE", raising=False)
+    for route in ("/seedance/", "/seedance/cost", "/seedance/safety"):
+        page = api_client.get(route, headers=auth)
+        assert page.status_code == 200
+        assert "configured" in page.text and "make demo" in page.text, route
+    assert "cost.out_uri" in api_client.get("/seedance/cost", headers=auth).text
 
+
+def test_the_demo_workspace_roots_are_shown(api_client, auth, tmp_path, monkeypatch):
     lake = tmp_path / "lake"
     (lake / "p=1").mkdir(parents=True)
     (lake / "p=1" / "bad.parquet").write_text("<script>x</script>")
-    root = storage.resolve(lake)
-    storage.quarantine(root, "p=1/bad.parquet", "20261101T000000Z-abcdef", "not a readable Parquet file <b>")
-    (lake / "p=1" / "old.parquet").write_bytes(b"x" * 100)
-    storage.move_to_trash(root, "p=1/old.parquet", "20261102T000000Z-fedcba")
-    monkeypatch.setenv("SEEDANCE__COMPACTION__DEFAULT_URI", str(lake))
-
-    token = get_auth_manager().generate_jwt(SimpleAuthManagerUser(username="admin", role="ADMIN"))
-    page = api_client.get("/seedance/", headers={"Authorization": f"Bearer {token}"})
+    storage.quarantine(storage.resolve(lake), "p=1/bad.parquet", "20261101T000000Z-abcdef", "not Parquet <b>")
+    (tmp_path / "checkpoints" / "store").mkdir(parents=True)
+    monkeypatch.setenv("SEEDANCE_WORKSPACE", str(tmp_path))
+    page = api_client.get("/seedance/safety", headers=auth)
     assert page.status_code == 200
-    assert "p=1/bad.parquet" in page.text and "not a readable Parquet file &lt;b&gt;" in page.text
-    assert "20261102T000000Z-fedcba" in page.text and "<b>" not in page.text
-    status = api_client.get("/seedance/api/status", headers={"Authorization": f"Bearer {token}"}).json()
+    assert str(lake) in page.text and str(tmp_path / "checkpoints" / "store") in page.text
+    assert "demo workspace" in page.text and "not Parquet &lt;b&gt;" in page.text and "<b>" not in page.text
+    overview = api_client.get("/seedance/", headers=auth).text
+    assert str(tmp_path / "checkpoints" / "store") in overview and "No pipeline root configured" not in overview
+
+
+def test_status_shows_quarantine_and_trash_of_the_configured_lake(api_client, auth, tmp_path, monkeypatch):
+    lake = tmp_path / "lake"
+    (lake / "p=1").mkdir(parents=True)
+    (lake / "p=1" / "old.parquet").write_bytes(b"x" * 100)
+    storage.move_to_trash(storage.resolve(lake), "p=1/old.parquet", "20261102T000000Z-fedcba")
+    monkeypatch.delenv("SEEDANCE_WORKSPACE", raising=False)
+    monkeypatch.setenv("SEEDANCE__COMPACTION__DEFAULT_URI", str(lake))
+    status = api_client.get("/seedance/api/status", headers=auth).json()
+    assert [entry["origin"] for entry in status] == ["config: compaction.default_uri"]
     assert status[0]["trash"] == [{"run_id": "20261102T000000Z-fedcba", "files": 1, "bytes": 100}]
+    assert status[0]["leases"] == [] and status[0]["quarantined"] == []
+
+
+def test_a_bad_config_is_an_error_line_not_a_traceback(api_client, auth, monkeypatch):
+    monkeypatch.setenv("SEEDANCE__COMPACTION__TARGET_FILE_SIZE", "lots")
+    page = api_client.get("/seedance/safety", headers=auth)
+    assert page.status_code == 200 and "error:" in page.text and "Traceback" not in page.text
+
+
+def test_the_report_route_serves_only_configured_months(api_client, auth, tmp_path, monkeypatch):
+    chargeback = build_chargeback(tmp_path)
+    monkeypatch.delenv("SEEDANCE_WORKSPACE", raising=False)
+    monkeypatch.setenv("SEEDANCE__COST__OUT_URI", chargeback["out"])
+    page = api_client.get("/seedance/cost/report?root=0&month=2024-09", headers=auth)
+    assert page.status_code == 200 and "Cost recovery &mdash; 2024-09" in page.text
+    cost = api_client.get("/seedance/cost", headers=auth).text
+    assert "cost/report?root=0&amp;month=2024-09" in cost
+    for query in ("root=0&month=../../etc", "root=1&month=2024-09", "root=0&month=2031-01", "root=-1&month=2024-09"):
+        assert api_client.get(f"/seedance/cost/report?{query}", headers=auth).status_code in (404, 422), query

@@ -10,65 +10,69 @@ from decimal import Decimal
 from html import escape
 from typing import Any
 
-from seedance_tasks.cost.money import fmt
+from seedance_tasks.dashboard.svg import hbars, money
 
-_BAR = "#3b6ea8"
-_NEG = "#b5473a"
-
-
-def _money(value: Decimal) -> str:
-    return f"{value:,.2f}"
+TOP = 25  # owners, services and idle resources drawn per chart
 
 
-def bar_chart(title: str, items: list[tuple[str, Decimal]], currency: str, width: int = 720) -> str:
-    """A horizontal bar chart (inline SVG) of labelled amounts; negative amounts drawn red."""
-    if not items:
-        return f"<h3>{escape(title)}</h3><p class='none'>nothing to show</p>"
-    row, label_w, value_w = 22, 220, 120
-    scale = max(abs(value) for _, value in items) or Decimal(1)
-    span = width - label_w - value_w
-    parts = [f"<h3>{escape(title)}</h3>",
-             f"<svg role='img' aria-label='{escape(title)}' width='{width}' height='{row * len(items) + 4}' "
-             f"xmlns='http://www.w3.org/2000/svg'>"]
-    for index, (label, value) in enumerate(items):
-        y = index * row + 2
-        length = int(abs(value) / scale * span)
-        parts.append(f"<text x='{label_w - 6}' y='{y + 15}' text-anchor='end'>{escape(label[:34])}</text>")
-        parts.append(f"<rect x='{label_w}' y='{y + 3}' width='{max(length, 1)}' height='{row - 6}' "
-                     f"fill='{_NEG if value < 0 else _BAR}'><title>{escape(label)}: {fmt(value)} {currency}</title></rect>")
-        parts.append(f"<text x='{label_w + length + 6}' y='{y + 15}'>{_money(value)}</text>")
-    parts.append("</svg>")
-    return "".join(parts)
+def _ranked(values: dict[str, str], top: int = TOP) -> tuple[list[tuple[str, Decimal]], int, int]:
+    """The `top` non-zero amounts by size (negative ones included), largest first; and how many
+    were zero and how many more were left out."""
+    items = [(name, Decimal(value)) for name, value in values.items()]
+    nonzero = [item for item in items if item[1]]
+    shown = sorted(nonzero, key=lambda item: (-abs(item[1]), item[0]))[:top]
+    return sorted(shown, key=lambda item: (-item[1], item[0])), len(items) - len(nonzero), len(nonzero) - len(shown)
+
+
+def bar_chart(title: str, items: list[tuple[str, Decimal]], currency: str, *, zero: int = 0, more: int = 0) -> str:
+    """A titled horizontal bar chart (inline SVG) of labelled amounts, negatives left of the axis in red;
+    a note says how many zero amounts and how many smaller ones are not drawn."""
+    notes = []
+    if zero:
+        notes.append(f"{zero:,} at 0.00 {currency} not shown")
+    if more:
+        notes.append(f"{more:,} smaller ones not shown")
+    note = f"<p class='none'>{escape('; '.join(notes))}.</p>" if notes else ""
+    return f"<h3>{escape(title)}</h3>" + hbars(title, items, lambda value: money(value, currency)) + note
 
 
 def render_report(summary: dict[str, Any], trend: list[dict[str, Any]]) -> str:
-    """The report page for `summary`; `trend` is the summaries of up to 12 months ending with it."""
+    """The report page for `summary`; `trend` is the summaries of up to 12 months ending with it.
+
+    Money is rounded to cents with its currency; owners at zero are counted, not drawn; negative
+    amounts (credits) are drawn left of the axis; an empty month says so.
+    """
     month = summary["month"]
     sections = []
+    if not summary.get("lines") or not summary["currencies"]:
+        warnings = "".join(f"<li>{escape(warning)}</li>" for warning in summary.get("warnings", []))
+        sections.append(f"<p class='empty'><b>No billing lines in {escape(month)}</b>: nothing was charged back "
+                        f"this month.</p>" + (f"<ul>{warnings}</ul>" if warnings else ""))
     for currency, entry in summary["currencies"].items():
-        owners = sorted(((owner, Decimal(value)) for owner, value in entry["by_owner"].items()),
-                        key=lambda item: (-item[1], item[0]))
+        by_owner = dict(entry["by_owner"])
         if Decimal(entry["unallocated"]):
-            owners.append(("(unallocated)", Decimal(entry["unallocated"])))
+            by_owner["(unallocated)"] = entry["unallocated"]
+        owners, zero, more = _ranked(by_owner)
         sections.append(
-            f"<h2>{escape(currency)}</h2><p>Total ({escape(summary['basis'])}): <b>{_money(Decimal(entry['total']))}"
-            f" {escape(currency)}</b> &middot; invoice (BilledCost): {_money(Decimal(entry['invoice_total']))} "
-            f"&middot; unallocated: {_money(Decimal(entry['unallocated']))}</p>"
+            f"<h2>{escape(currency)}</h2><p>Total ({escape(summary['basis'])}): "
+            f"<b>{escape(money(Decimal(entry['total']), currency))}</b> &middot; invoice (BilledCost): "
+            f"{escape(money(Decimal(entry['invoice_total']), currency))} &middot; unallocated: "
+            f"{escape(money(Decimal(entry['unallocated']), currency))}</p>"
         )
-        sections.append(bar_chart(f"Cost by owner ({currency})", owners[:25], currency))
+        sections.append(bar_chart(f"Cost by owner ({currency})", owners, currency, zero=zero, more=more))
         points = [(item["month"], Decimal(item["currencies"].get(currency, {}).get("unallocated", "0")))
                   for item in trend]
         sections.append(bar_chart(f"Unallocated by month ({currency})", points, currency))
     services = summary.get("by_service") or {}
     for currency, values in services.items():
-        ranked = sorted(((name, Decimal(value)) for name, value in values.items()), key=lambda i: (-i[1], i[0]))
-        sections.append(bar_chart(f"Cost by service ({currency}, top 15)", ranked[:15], currency))
+        ranked, zero, more = _ranked(values, 15)
+        sections.append(bar_chart(f"Cost by service ({currency}, top 15)", ranked, currency, zero=zero, more=more))
     idle = summary.get("idle", [])[:15]
     if idle:
         rows = "".join(
             f"<tr><td>{escape(item['resource_id'])}</td><td>{escape(item.get('owner') or 'unallocated')}</td>"
-            f"<td>{escape(', '.join(f'{v} {c}' for c, v in item.get('cost', {}).items()))}</td>"
-            f"<td>{escape(item['max_cpu_percent'])}%</td></tr>"
+            f"<td>{escape(', '.join(money(Decimal(v), c) for c, v in item.get('cost', {}).items()))}</td>"
+            f"<td>{escape(str(item['max_cpu_percent']))}%</td></tr>"
             for item in idle
         )
         sections.append("<h2>Top idle resources</h2><table><tr><th>resource</th><th>owner</th><th>cost</th>"
@@ -81,8 +85,9 @@ def render_report(summary: dict[str, Any], trend: list[dict[str, Any]]) -> str:
         sections.append("<h2>Top idle resources</h2><p class='none'>none found (or no utilization data)</p>")
     if summary.get("over_budget"):
         rows = "".join(
-            f"<tr><td>{escape(item['owner'])}</td><td>{item['spend']} {escape(item['currency'])}</td>"
-            f"<td>{item['budget']}</td><td>+{item['over_percent']}%</td><td>{'yes' if item['approved'] else 'no'}</td></tr>"
+            f"<tr><td>{escape(item['owner'])}</td><td>{escape(money(Decimal(item['spend']), item['currency']))}</td>"
+            f"<td>{escape(money(Decimal(item['budget']), item['currency']))}</td>"
+            f"<td>+{escape(str(item['over_percent']))}%</td><td>{'yes' if item['approved'] else 'no'}</td></tr>"
             for item in summary["over_budget"]
         )
         sections.append("<h2>Over budget</h2><table><tr><th>owner</th><th>spend</th><th>budget</th><th>over</th>"
@@ -93,8 +98,9 @@ def render_report(summary: dict[str, Any], trend: list[dict[str, Any]]) -> str:
     return (
         "<!doctype html><html><head><meta charset='utf-8'>"
         f"<title>Seedance cost recovery {escape(month)}</title><style>"
-        "body{font:14px system-ui,sans-serif;margin:2em;color:#222}svg text{font:12px system-ui,sans-serif}"
-        "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:3px 8px;text-align:left}"
-        ".none{color:#777}</style></head><body>"
+        "body{font:14px system-ui,sans-serif;margin:2em;color:#222}svg{max-width:100%;height:auto}"
+        "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:3px 8px;text-align:left;"
+        "overflow-wrap:anywhere;max-width:30em}.none{color:#777}"
+        ".empty{background:#fff8e1;border:1px solid #e6d28a;padding:.5em .8em}</style></head><body>"
         f"<h1>Cost recovery &mdash; {escape(month)}</h1>" + "".join(sections) + "</body></html>\n"
     )

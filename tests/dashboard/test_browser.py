@@ -1,0 +1,136 @@
+"""The dashboard in a real browser: Airflow's API server with the plugin, a login, headless Chromium.
+
+The API server runs as its own process on this session's Airflow home (so it sees the DAG runs
+this test makes); the test logs in with the simple auth manager's generated password, hands the
+JWT to Chromium as Airflow's `_token` cookie and loads every page. Screenshots go to
+tests/_artifacts/ (git-ignored).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import urllib.error
+import urllib.request
+from decimal import Decimal
+
+import pytest
+
+from tests.airflow_services import AirflowServices, free_port
+from tests.browser_support import Browser, chromium, dump_dom
+from tests.dashboard.conftest import HOSTILE, MONTHS, Cells, expected_cost_cells
+
+pytestmark = pytest.mark.skipif(chromium() is None, reason="no chromium: apt-get install -y chromium (make test does)")
+
+PAGES = {"overview": "/seedance/", "cost": "/seedance/cost", "savings": "/seedance/savings",
+         "safety": "/seedance/safety", "report": "/seedance/cost/report?root=0&month=2024-09"}
+
+
+@pytest.fixture(scope="module")
+def dashboard(tmp_path_factory, airflow_db, dagbag, chargeback):
+    """A compacted lake (a real DAG run: its report is the savings), a quarantined file, a lease; the API server."""
+    from seedance_tasks import lease, storage
+    from seedance_tasks.compaction.sample import make_sample_lake
+    from tests.conftest import xcom_value
+
+    home = tmp_path_factory.mktemp("dashboard-api")
+    lake = home / "lake"
+    make_sample_lake(str(lake), partitions=2, files_per_partition=4, rows_per_file=300)
+    assert not dagbag.import_errors, dagbag.import_errors
+    dag_run = dagbag.dags["seedance_compaction"].test(
+        run_conf={"uri": str(lake), "target_file_size": "16MiB", "min_age": "0"})
+    assert dag_run.state == "success"
+    report = xcom_value(dag_run, "report")
+    root = storage.resolve(lake)
+    (lake / "p=bad").mkdir()
+    (lake / "p=bad" / "x.parquet").write_text("not parquet")
+    storage.quarantine(root, "p=bad/x.parquet", "20261101T000000Z-abcdef", f"unreadable, owner {HOSTILE[1]}")
+    lease.acquire(root, "dataset", holder="test:dashboard", purpose="browser test", ttl_s=3600)
+
+    port = free_port()
+    env = {**os.environ, "SEEDANCE__COST__OUT_URI": chargeback["out"], "SEEDANCE__COMPACTION__DEFAULT_URI": str(lake)}
+    env.pop("SEEDANCE_WORKSPACE", None)
+    services = AirflowServices(home, env)
+    browser = None
+    try:
+        services.start("api-server", "api-server", "--port", str(port))
+        services.wait_healthy(port)
+        passwords = json.loads((airflow_db / "simple_auth_manager_passwords.json.generated").read_text())
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{port}/auth/token", method="POST",
+            data=json.dumps({"username": "admin", "password": passwords["admin"]}).encode(),
+            headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=30) as response:
+            token = json.loads(response.read())["access_token"]
+        browser = Browser()
+        base = f"http://127.0.0.1:{port}"
+        cookie = [{"name": "_token", "value": token, "url": base + "/"}]
+        pages = {}
+        for name, path in PAGES.items():
+            pages[name] = browser.open(base + path, cookies=cookie)
+            pages[name].save(f"dashboard-{name}")
+        yield {"base": base, "pages": pages, "report": report, "dag_run": dag_run, "lake": lake}
+    finally:
+        if browser:
+            browser.close()
+        services.stop()
+
+
+def test_every_page_loads_logged_in_with_no_script_and_saves_a_screenshot(dashboard):
+    for name, page in dashboard["pages"].items():
+        assert "Not authenticated" not in page.facts["text"], name
+        assert page.facts["scripts"] == 0 and page.facts["images"] == 0 and page.facts["handlers"] == 0, name
+        assert page.png.startswith(b"\x89PNG") and len(page.png) > 5000, name
+    assert dashboard["pages"]["cost"].facts["title"] == "Seedance — Cost recovery"
+    assert "Cost recovery — 2024-09" in dashboard["pages"]["report"].facts["text"]
+
+
+def test_cost_figures_match_the_published_months_to_the_cent(dashboard, chargeback):
+    page = dashboard["pages"]["cost"]
+    cells = Cells(page.html)
+    expected = expected_cost_cells(chargeback["summaries"])
+    assert len(expected) > 6
+    for (owner, month), text in expected.items():
+        assert cells.get(owner=owner, month=month) == text, (owner, month)
+    over = chargeback["summaries"]["2024-09"]["over_budget"]
+    assert over and cells.get(owner=over[0]["owner"]) == f"{Decimal(over[0]['spend']):,.2f} USD"
+    for item in chargeback["summaries"]["2024-09"]["idle"]:
+        assert item["resource_id"] in page.facts["text"]
+    assert "2024-08 – 2024-09" in page.facts["text"] and "movers against the previous month" in page.facts["text"]
+
+
+def test_hostile_owner_names_are_shown_as_text_never_run(dashboard):
+    for name in ("cost", "report"):
+        page = dashboard["pages"][name]
+        for owner in HOSTILE:
+            assert owner in page.facts["text"], (name, owner)
+        assert page.facts["scripts"] == 0 and page.facts["images"] == 0 and page.facts["handlers"] == 0
+    negative = Cells(dashboard["pages"]["cost"].html).get(owner=HOSTILE[1], month=MONTHS[1])
+    assert negative == "-4.13 USD"  # -4.125 rounded half-up to the cent, a negative owner shown
+
+
+def test_savings_come_from_the_compaction_runs_report(dashboard):
+    report, dag_run = dashboard["report"], dashboard["dag_run"]
+    page = dashboard["pages"]["savings"]
+    month = dag_run.end_date.strftime("%Y-%m")
+    saving = report["estimated_monthly_saving"]
+    assert report["partitions_compacted"] == 2
+    cells = Cells(page.html)
+    assert cells.get(pipeline="compaction", month=month) == f"{Decimal(saving['usd']):,.2f} USD"
+    assert f"{saving['s3_requests']:,}" in page.facts["text"]
+
+
+def test_data_safety_shows_quarantine_lease_and_the_last_runs(dashboard):
+    text = dashboard["pages"]["safety"].facts["text"]
+    assert f"unreadable, owner {HOSTILE[1]}" in text and "p=bad/x.parquet" in text
+    assert "test:dashboard" in text and "browser test" in text
+    assert dashboard["dag_run"].run_id in text and "success" in text
+
+
+def test_a_request_without_login_is_refused(dashboard):
+    for path in PAGES.values():
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(dashboard["base"] + path, timeout=30)
+        assert refused.value.code == 401
+    dom = dump_dom(dashboard["base"] + PAGES["cost"])
+    assert "Not authenticated" in dom and "PeoriaData" not in dom
