@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# GPU check of the training launch (issue 6): the same launch as the CPU tests, with NCCL.
+# GPU check of the training launch (issue 6) and its telemetry (issue 15): the same launch as the
+# CPU tests, with NCCL; then NVML energy, CUDA memory stats, fp16 overflow counting, NCCL init.
 #
 #   bash bench/gpu_check.sh            # results under $OUT (default bench/_work/gpu_check)
 #
@@ -85,6 +86,50 @@ if command -v all_reduce_perf >/dev/null 2>&1; then
 else
   echo "(nccl-tests all_reduce_perf not installed: bandwidth check skipped)"
 fi
+
+step "telemetry on the GPU: NVML energy, CUDA memory stats, fp16 overflow counting, NCCL init (issue 15)"
+"$PY" - "$OUT" <<'EOF' > "$OUT/telemetry.txt" 2>&1 || status=1
+import json, os, sys
+import torch, torch.distributed as dist
+from torch import nn
+from seedance_tasks.config import load_settings
+from seedance_tasks.telemetry.recorder import StepRecorder
+from seedance_tasks.training.trainer import Precision, TinyGPT, synthetic_tokens, train_step
+out = sys.argv[1]
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29577")
+torch.cuda.set_device(0)
+dist.init_process_group("nccl", rank=0, world_size=1, device_id=torch.device("cuda", 0))  # NCCL initialises
+x = torch.ones(4, device="cuda"); dist.all_reduce(x); torch.cuda.synchronize()
+print("nccl all_reduce ok", x.tolist(), "nccl", torch.cuda.nccl.version())
+settings = load_settings().telemetry
+settings.port = None
+recorder = StepRecorder(settings, folder=os.path.join(out, "telemetry"), run="gpu-check", device="cuda:0")
+print("energy source", recorder.meter.source, "price", recorder.price.describe())
+assert recorder.meter.source == "nvml", "no NVML energy counter"
+model = TinyGPT(vocab_size=256, seq_len=128, d_model=512, n_layers=4, n_heads=8).cuda()
+ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[0])
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+precision = Precision("fp16", torch.device("cuda", 0), init_scale=2.0**40)  # the first steps overflow
+batch = lambda micro: synthetic_tokens(1, 0, micro, 16, 128, 256).cuda()
+skipped = 0
+for step in range(1, 61):
+    with recorder.step(step):
+        _loss, was_skipped = train_step(ddp, opt, precision, batch, 2, nn.CrossEntropyLoss(), recorder)
+    skipped += was_skipped
+snap = recorder.close()
+totals, last = snap["totals"], snap["last"]
+print(json.dumps({"totals": totals, "last": last, "energy": snap["energy"]}, indent=1, default=str))
+assert totals["skipped_steps"] == skipped and skipped >= 1, "fp16 overflow not counted"
+assert last["loss_scale"] < 2.0**40
+assert totals["energy_joules"] > 0, "NVML energy counter did not move"
+assert last["memory_allocated_bytes"] > 0 and last["memory_reserved_bytes"] >= last["memory_allocated_bytes"]
+with torch.autocast("cuda", dtype=torch.bfloat16):
+    assert model(batch(0)[:, :-1]).dtype == torch.bfloat16
+dist.destroy_process_group()
+print("telemetry check ok: energy %.1f J over %.2f s, %d skipped steps, alloc retries %d" % (
+    totals["energy_joules"], totals["step_seconds"], skipped, totals["alloc_retries"]))
+EOF
+tail -3 "$OUT/telemetry.txt"
 
 if [ "$status" -eq 0 ]; then echo "PASS: results in $OUT"; else echo "FAIL: see $OUT"; fi
 exit "$status"

@@ -9,6 +9,9 @@ Wiring only; the work is in `seedance_tasks.training`. On demand, with the same 
 2. **launch**: torchrun + the reference trainer (small GPT, DDP, batch-size schedule, checkpoints
    through the checkpoint store, resume from the latest); logs stream into the task log, a
    failed job fails the task with the failing rank's error. A retry resumes from the checkpoint.
+   Its summary shows the cost so far (every attempt, to the cent, with its currency), $ per
+   1,000 steps, energy (and whether it was measured or estimated) and utilisation, from the
+   run's telemetry; a job stopped by SIGTERM or a spot notice saved its step and is retried.
 3. **health**: the job's log read for watchdog timeouts, channels, transports; a verdict with
    the likely cause and fix (runs after a failed launch too).
 4. **checkpoints**: an event on `seedance_checkpoint_store` for the new checkpoints.
@@ -21,7 +24,7 @@ from pathlib import Path
 import pendulum
 from airflow.sdk import Asset, Param, dag, get_current_context, task
 
-from seedance_tasks.dag_support import DEFAULT_ARGS, tags
+from seedance_tasks.dag_support import DEFAULT_ARGS, from_config, optional_param, tags
 
 CHECKPOINT_STORE = Asset(name="seedance_checkpoint_store", uri="seedance://checkpoints/store")
 
@@ -47,23 +50,24 @@ def _profile_names() -> list[str]:
     tags=tags("training"),
     doc_md=__doc__,
     params={
-        "nnodes": Param(1, type="integer", minimum=1, title="Nodes",
-                        description="Nodes in the job (more than one needs a rendezvous endpoint).", section="Job"),
-        "nproc_per_node": Param(
-            0, type="integer", minimum=0, title="Processes per node",
-            description="0 = one per GPU (2 on a machine without GPUs).", section="Job",
+        "nnodes": optional_param("Nodes", "Nodes in the job (more than one needs a rendezvous endpoint).",
+                                 empty=from_config("training.nnodes"), section="Job", type="integer", minimum=1),
+        "nproc_per_node": optional_param(
+            "Processes per node", "0 = one per GPU (2 on a machine without GPUs).",
+            empty=from_config("training.nproc_per_node"), section="Job", type="integer", minimum=0,
         ),
-        "rdzv_endpoint": Param(
-            None, type=["null", "string"], title="Rendezvous endpoint",
-            description="HOST:PORT every node joins; needed for more than one node.", section="Job",
+        "rdzv_endpoint": optional_param(
+            "Rendezvous endpoint", "HOST:PORT every node joins; needed for more than one node.",
+            empty="none (a single-node job)", section="Job",
         ),
-        "backend": Param("auto", type="string", enum=["auto", "nccl", "gloo"], title="Backend",
-                         description="auto = nccl with GPUs, gloo without.", section="Job"),
+        "backend": optional_param("Backend", "auto = nccl with GPUs, gloo without.",
+                                  empty=from_config("training.backend"), section="Job", enum=["auto", "nccl", "gloo"]),
         "steps": Param(None, type=["null", "integer"], minimum=1, title="Steps",
                        description="Optimizer steps. Empty: training.steps.", section="Job"),
-        "max_restarts": Param(0, type="integer", minimum=0, title="Max restarts",
-                              description="torchrun restarts of the worker group; each resumes from the "
-                              "latest checkpoint.", section="Job"),
+        "max_restarts": optional_param(
+            "Max restarts", "torchrun restarts of the worker group; each resumes from the latest checkpoint.",
+            empty=from_config("training.max_restarts"), section="Job", type="integer", minimum=0,
+        ),
         "data": Param(None, type=["null", "string"], title="Data",
                       description="Preprocessed shards. Empty: synthetic tokens.", section="Data"),
         "checkpoint_store": Param(

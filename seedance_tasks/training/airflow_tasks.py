@@ -44,6 +44,7 @@ def plan_task(params: dict, run_id: str | None = None) -> dict:
     settings = load_settings()
     cfg = settings.training
     nnodes = int(params.get("nnodes") or cfg.nnodes)
+    max_restarts = int(cfg.max_restarts if params.get("max_restarts") is None else params["max_restarts"])
     plan = make_plan(
         _topology(params.get("topology")),
         nodes=nnodes,
@@ -52,7 +53,7 @@ def plan_task(params: dict, run_id: str | None = None) -> dict:
         overrides=params.get("overrides") or {},
         backend=params.get("backend") or cfg.backend,
         nccl_debug=cfg.nccl_debug,
-        max_restarts=int(params.get("max_restarts") or 0),
+        max_restarts=max_restarts,
         rdzv_endpoint=params.get("rdzv_endpoint") or None,
         profiles_file=cfg.profiles_file,
     )
@@ -72,6 +73,7 @@ def plan_task(params: dict, run_id: str | None = None) -> dict:
         "backend": plan["backend"],
         "nproc_per_node": plan["nproc_per_node"],
         "nnodes": nnodes,
+        "max_restarts": max_restarts,
         "env": plan["env"],
         "warnings": plan["warnings"],
         "command": " ".join(plan["command"]),
@@ -97,7 +99,7 @@ def launch_task(planned: dict, params: dict) -> dict:
         run=planned["run"],
         checkpoint_every=params.get("checkpoint_every"),
         data=params.get("data") or None,
-        max_restarts=int(params.get("max_restarts") or 0),
+        max_restarts=int(planned.get("max_restarts") or 0),
         profile=planned["profile"],
         overrides=params.get("overrides") or {},
         log_dir=planned["log_dir"],
@@ -111,8 +113,20 @@ def launch_task(planned: dict, params: dict) -> dict:
 
 def _summary(result: dict[str, Any]) -> dict:
     keys = ("ok", "exit_code", "error", "restarts", "steps_completed", "first_loss", "final_loss", "checkpoints",
-            "run", "checkpoint_store", "profile", "backend", "nproc_per_node", "nnodes", "log", "metrics", "seconds")
-    return {key: result.get(key) for key in keys}
+            "run", "checkpoint_store", "profile", "backend", "nproc_per_node", "nnodes", "log", "metrics", "seconds",
+            "interrupted", "retryable", "checkpoint_interval", "skipped_steps")
+    summary = {key: result.get(key) for key in keys}
+    telemetry = result.get("telemetry") or {}
+    per_1000 = telemetry.get("usd_per_1000_steps")
+    summary.update({  # cost so far (every attempt of the run), money to the cent with its currency
+        "cost": telemetry.get("cost"),
+        "cost_per_1000_steps": f"{per_1000} {telemetry.get('currency', 'USD')}" if per_1000 is not None else None,
+        "energy_kwh": telemetry.get("energy_kwh"),
+        "energy_source": "+".join(telemetry.get("energy_sources") or []) or None,
+        "utilisation": telemetry.get("utilisation"),
+        "telemetry": telemetry.get("folder"),
+    })
+    return summary
 
 
 @fail_fast

@@ -143,7 +143,8 @@ def launch_command(
 
     emit(result, as_json, render)
     if not result["ok"]:
-        raise typer.Exit(1)
+        # 75 (EX_TEMPFAIL): interrupted (SIGTERM, spot notice) after saving; run it again to resume
+        raise typer.Exit(75 if result.get("retryable") else 1)
 
 
 @app.command("health")

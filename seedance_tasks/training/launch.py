@@ -3,7 +3,9 @@
 The job runs in its own process group, so a failure, a timeout or an interrupt of the caller
 takes every worker down with it (TERM, then KILL). The result says how it ended: exit status,
 the failing rank and its error (from torchrun's failure summary), restarts, the loss trajectory
-(metrics written by rank 0) and the checkpoints saved.
+(metrics written by rank 0), the checkpoints saved, whether the job stopped on SIGTERM or a spot
+notice (`interrupted`, `retryable`), the checkpoint interval and the telemetry summary (cost so
+far, $ per 1,000 steps, energy, utilisation).
 """
 
 from __future__ import annotations
@@ -92,7 +94,8 @@ def read_metrics(path: str | Path) -> dict[str, Any]:
     recomputes the steps after its checkpoint), the checkpoints and the attempts."""
     path = Path(path)
     steps: dict[int, dict[str, Any]] = {}
-    checkpoints, starts = [], []
+    checkpoints, starts, interruptions = [], [], []
+    interval, ended = None, None
     if path.exists():
         for line in path.read_text().splitlines():
             if not line.strip():
@@ -104,12 +107,24 @@ def read_metrics(path: str | Path) -> dict[str, Any]:
                 checkpoints.append(item["step"])
             elif item["event"] == "start":
                 starts.append({"attempt": item["attempt"], "world": item["world"], "resumed_from": item["resumed_from"]})
+                ended = None
+            elif item["event"] == "interrupted":
+                interruptions.append({key: item.get(key) for key in ("step", "reason", "saved", "notice")})
+                ended = interruptions[-1]
+            elif item["event"] == "checkpoint_interval":
+                interval = {key: value for key, value in item.items() if key != "event"}
+            elif item["event"] == "finish":
+                ended = "finished"
     ordered = [steps[key] for key in sorted(steps)]
     return {
         "losses": [item["loss"] for item in ordered],
         "trajectory": ordered,
         "checkpoints": sorted(set(checkpoints)),
         "starts": starts,
+        "interruptions": interruptions,
+        "interrupted": ended if isinstance(ended, dict) else None,  # the last attempt stopped on a signal/notice
+        "checkpoint_interval": interval,
+        "skipped_steps": sum(1 for item in ordered if item.get("skipped")),
     }
 
 
@@ -132,6 +147,7 @@ def run_torchrun(
     log_dir.mkdir(parents=True, exist_ok=True)
     job = dict(job)
     job.setdefault("metrics", str(log_dir / "metrics.jsonl"))
+    job.setdefault("telemetry_dir", str(log_dir / "telemetry"))
     job_path = log_dir / "job.json"
     job_path.write_text(json.dumps(job, indent=2))
     command = [sys.executable, "-m", "torch.distributed.run", *plan["command"][1:], "--job", str(job_path)]
@@ -210,6 +226,10 @@ def run_torchrun(
             f": {detail[-1].strip()}" if detail else "")
     elif exit_code != 0:
         error = f"torchrun exited with {exit_code}"
+    interrupted = metrics["interrupted"] if exit_code != 0 and not hung else None
+    if interrupted:
+        error = (f"interrupted ({interrupted['reason']}) after step {interrupted['step']}"
+                 + (": checkpoint saved, a retry resumes from it" if interrupted["saved"] else ": nothing saved"))
     return {
         "ok": exit_code == 0 and not hung,
         "exit_code": exit_code,
@@ -223,6 +243,12 @@ def run_torchrun(
         "losses": losses,
         "checkpoints": metrics["checkpoints"],
         "starts": metrics["starts"],
+        "interrupted": interrupted,
+        "interruptions": metrics["interruptions"],
+        "retryable": bool(interrupted),  # the job asked to be run again: torchrun and Airflow retry it
+        "checkpoint_interval": metrics["checkpoint_interval"],
+        "skipped_steps": metrics["skipped_steps"],
+        "telemetry": _telemetry_summary(job.get("telemetry_dir")),
         "seconds": round(time.monotonic() - started, 1),
         "log": str(log_path),
         "metrics": job["metrics"],
@@ -230,6 +256,20 @@ def run_torchrun(
         "pgid": process.pid,
         "job_token": job_token,
     }
+
+
+def _telemetry_summary(folder: str | None) -> dict[str, Any] | None:
+    """Cost so far, $ per 1,000 steps, energy and utilisation from the run's telemetry samples."""
+    if not folder or not Path(folder).is_dir():
+        return None
+    from seedance_tasks.telemetry.samples import summarise
+
+    summary = summarise(folder)
+    summary["cost_usd"] = str(summary["cost_usd"])
+    if summary["usd_per_1000_steps"] is not None:
+        summary["usd_per_1000_steps"] = str(summary["usd_per_1000_steps"])
+    summary["folder"] = folder
+    return summary
 
 
 def _marked_pids(token: str) -> list[int]:
@@ -290,8 +330,9 @@ def launch(
     steps: int | None = None,
     checkpoint_store: str | None = None,
     run: str | None = None,
-    checkpoint_every: int | None = None,
+    checkpoint_every: int | str | None = None,
     data: str | None = None,
+    precision: str | None = None,
     max_restarts: int | None = None,
     profile: str | None = None,
     overrides: dict[str, object] | None = None,
@@ -339,6 +380,12 @@ def launch(
         rdzv_endpoint=rdzv_endpoint,
         profiles_file=cfg.profiles_file,
     )
+    if precision not in (None, "fp32", "bf16", "fp16"):
+        raise UsageError(f"unknown precision {precision!r}", hint="use fp32, bf16 or fp16")
+    every = cfg.checkpoint_every if checkpoint_every is None else checkpoint_every
+    if not (every == "auto" or (isinstance(every, int) and every >= 0)):
+        raise UsageError(f"checkpoint_every must be a step count >= 0 or auto, not {every!r}",
+                         hint="e.g. 50, 0 (only at the end) or auto (Young-Daly)")
     sched = batch_schedule.RunSchedule.from_settings(cfg.schedule, steps, **(schedule or {}))
     job = {
         "backend": plan["backend"],
@@ -349,8 +396,13 @@ def launch(
         "collective_timeout": cfg.collective_timeout,
         "checkpoint_store": checkpoint_store,
         "run": run,
-        "checkpoint_every": cfg.checkpoint_every if checkpoint_every is None else checkpoint_every,
+        "checkpoint_every": every,
+        "mtbf": cfg.mtbf,
         "data": data,
+        "precision": precision or cfg.precision,
+        "loss_scale_init": cfg.loss_scale_init,
+        "spot": {"enabled": cfg.spot.enabled, "endpoint": cfg.spot.endpoint, "poll_interval": cfg.spot.poll_interval},
+        "telemetry": settings.telemetry.model_dump(mode="json"),
     }
     log_dir = Path(log_dir or cfg.log_dir or tempfile.mkdtemp(prefix="seedance-train-"))
     if cfg.log_dir and not log_dir.is_absolute():

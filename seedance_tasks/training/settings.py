@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field
 
-from seedance_tasks.config import StrictModel
+from seedance_tasks.settings_base import StrictModel
 from seedance_tasks.units import Duration
 
 
@@ -40,6 +40,14 @@ class ScheduleSettings(StrictModel):
     )
 
 
+class SpotSettings(StrictModel):
+    """The EC2 spot interruption notice, polled through IMDSv2 by each node's local rank 0."""
+
+    enabled: bool = Field(True, description="poll for the notice (polling stops by itself where no IMDS answers)")
+    endpoint: str = Field("http://169.254.169.254", description="instance metadata service (IMDSv2)")
+    poll_interval: Duration = Field(5, gt=0, description="seconds between polls (AWS gives a 2-minute notice)")
+
+
 class TrainingSettings(StrictModel):
     profile: str = Field("auto", description="NCCL profile name from profiles_file, or auto (from the topology)")
     profiles_file: str | None = Field(None, description="NCCL profiles; null = config/nccl_profiles.yaml")
@@ -48,7 +56,18 @@ class TrainingSettings(StrictModel):
     nnodes: int = Field(1, ge=1, description="nodes in the job")
     max_restarts: int = Field(0, ge=0, description="torchrun restarts of the whole worker group on failure")
     steps: int = Field(100, ge=1, description="optimizer steps of the reference trainer")
-    checkpoint_every: int = Field(50, ge=0, description="save every K steps (0 = only at the end)")
+    checkpoint_every: Annotated[int, Field(ge=0)] | Literal["auto"] = Field(
+        50, description="save every K steps (0 = only at the end); auto = the Young-Daly optimum "
+        "sqrt(2 x save stall x MTBF) from the measured save stall"
+    )
+    mtbf: Duration = Field(
+        86400, gt=0, description="mean time between interruptions/failures for `auto` until the run has history"
+    )
+    precision: Literal["fp32", "bf16", "fp16"] = Field(
+        "fp32", description="reference trainer: bf16 autocast (CPU and GPU), or fp16 autocast + GradScaler"
+    )
+    loss_scale_init: float = Field(65536.0, gt=0, description="GradScaler's initial loss scale (fp16)")
+    spot: SpotSettings = SpotSettings()
     checkpoint_store: str | None = Field(None, description="checkpoint store; null = checkpoint.store")
     log_dir: str | None = Field(None, description="where launch logs and metrics go; null = a temp folder")
     nccl_debug: Literal["VERSION", "WARN", "INFO"] = Field(

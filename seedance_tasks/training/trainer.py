@@ -1,6 +1,8 @@
 """The reference trainer, run by torchrun: a small GPT, DDP, AdamW (or SGD), the batch-size
-schedule through gradient accumulation, checkpoints through `seedance_tasks.checkpoint`, and
-resume from the latest checkpoint on (re)start.
+schedule through gradient accumulation, fp32/bf16/fp16 (GradScaler) precision, checkpoints
+through `seedance_tasks.checkpoint` (`save_async`; every K steps or the Young-Daly interval),
+resume from the latest checkpoint on (re)start, per-step telemetry (`seedance_tasks.telemetry`),
+and a clean stop on SIGTERM or an EC2 spot notice: finish the step, save it, exit 75 (retryable).
 
 Deterministic by construction, so an interrupted and resumed run follows the same loss
 trajectory as an uninterrupted one: seeded init, data that is a pure function of (seed, step,
@@ -19,6 +21,7 @@ import json
 import os
 import signal
 import sys
+import threading
 import time
 from contextlib import nullcontext
 from datetime import timedelta
@@ -37,6 +40,7 @@ from seedance_tasks.training.plan import apply_rank_binding
 FAIL_AT_ENV = "SEEDANCE_TRAIN_FAIL_AT_STEP"
 FAIL_RANK_ENV = "SEEDANCE_TRAIN_FAIL_RANK"
 HANG_AT_ENV = "SEEDANCE_TRAIN_HANG_AT_STEP"
+STOP_REASONS = ("SIGTERM", "spot-notice")  # every rank learns which, in the step's all-reduce
 
 
 class Block(nn.Module):
@@ -145,11 +149,220 @@ def _log(rank: int, message: str) -> None:
     print(f"[rank{rank}] {message}", flush=True)
 
 
+_METRICS_LOCK = threading.Lock()  # the main loop and finished background saves both write lines
+
+
 def _metrics_line(path: Path, record_: dict[str, Any]) -> None:
-    with path.open("a") as handle:
+    with _METRICS_LOCK, path.open("a") as handle:
         handle.write(json.dumps(record_) + "\n")
         handle.flush()
         os.fsync(handle.fileno())
+
+
+class Precision:
+    """fp32, bf16 autocast (CPU and CUDA), or fp16 autocast with a GradScaler (CUDA; CPU where torch
+    has it). `step()` says whether the optimizer step was skipped for inf/NaN gradients: the
+    scaler never switches itself off, so every overflow is counted."""
+
+    def __init__(self, mode: str, device: torch.device, init_scale: float = 65536.0) -> None:
+        self.mode, self.device = mode, device
+        self.dtype = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[mode]
+        self.scaler = torch.amp.GradScaler(device.type, init_scale=init_scale) if mode == "fp16" else None
+
+    def autocast(self):
+        if self.dtype is None:
+            return nullcontext()
+        return torch.autocast(self.device.type, dtype=self.dtype)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+
+    def step(self, optimizer: torch.optim.Optimizer) -> bool:
+        if self.scaler is None:
+            optimizer.step()
+            return False
+        before = self.scaler.get_scale()
+        self.scaler.step(optimizer)  # skipped when the unscaled gradients hold inf/NaN
+        self.scaler.update()
+        return self.scaler.get_scale() < before  # the scale only backs off after an overflow
+
+    @property
+    def loss_scale(self) -> float | None:
+        return self.scaler.get_scale() if self.scaler is not None else None
+
+    def state_dict(self) -> dict[str, Any] | None:
+        return self.scaler.state_dict() if self.scaler is not None else None
+
+    def load_state_dict(self, state: dict[str, Any] | None) -> None:
+        if self.scaler is not None and state:
+            self.scaler.load_state_dict(state)
+
+
+class _NoPhase:
+    """The recorder's stand-in when telemetry is off: every call does nothing."""
+
+    _null = nullcontext()
+
+    def step(self, step: int):
+        return self._null
+
+    def phase(self, name: str):
+        return self._null
+
+    def loader(self, samples: int, nbytes: int) -> None:
+        pass
+
+    def loss_scale(self, scale: float, skipped: bool) -> None:
+        pass
+
+    def note_checkpoint_interval(self, info: dict) -> None:
+        pass
+
+    def close(self) -> dict:
+        return {}
+
+
+def train_step(ddp, optimizer, precision: Precision, batch, accumulation: int, loss_fn, recorder=None):
+    """One optimizer step over `accumulation` micro-batches (`batch(micro)` -> tokens on the device),
+    gradients synchronised by DDP on the last one. Returns (this rank's loss, skipped)."""
+    recorder = recorder or _NoPhase()
+    optimizer.zero_grad(set_to_none=True)
+    local_loss = None
+    for micro in range(accumulation):
+        with recorder.phase("data"):
+            tokens = batch(micro)
+        recorder.loader(tokens.shape[0], tokens.numel() * tokens.element_size())
+        with recorder.phase("compute"):
+            sync = nullcontext() if micro == accumulation - 1 else ddp.no_sync()
+            with sync:
+                with precision.autocast():
+                    logits = ddp(tokens[:, :-1])
+                    loss = loss_fn(logits.reshape(-1, logits.shape[-1]).float(), tokens[:, 1:].reshape(-1))
+                loss = loss / accumulation
+                precision.backward(loss)
+            local_loss = loss.detach() if local_loss is None else local_loss + loss.detach()
+    with recorder.phase("compute"):
+        skipped = precision.step(optimizer)
+    if precision.scaler is not None:
+        recorder.loss_scale(precision.loss_scale, skipped)
+    return local_loss, skipped
+
+
+class Checkpointing:
+    """Rank 0's checkpoints: when to save (every K steps, or the Young-Daly interval for `auto`),
+    saves through `save_async` (the loop stalls only for the copy), and their metrics events."""
+
+    def __init__(self, job: dict[str, Any], metrics: Path, rank: int, start: int, recorder) -> None:
+        from seedance_tasks.training import resilience
+
+        self.store, self.run = job.get("checkpoint_store"), job.get("run")
+        self.every, self.steps = job.get("checkpoint_every") or 0, int(job["steps"])
+        self.metrics, self.rank, self.recorder = metrics, rank, recorder
+        self.pending: list[Any] = []
+        self.saved: set[int] = {start} if start else set()
+        self.last_saved = start
+        self.stalls: list[float] = []
+        self.step_seconds: list[float] = []
+        self.interval: dict[str, Any] | None = None
+        if self.every == "auto":
+            self.history = resilience.mtbf_from_history(metrics, float(job.get("mtbf") or 86400))
+            self.stalls += self.history.pop("save_stalls", [])
+            self._plan()
+        elif self.store and self.run:
+            self.interval = {"mode": "fixed", "interval_steps": int(self.every) or None}
+            recorder.note_checkpoint_interval(self.interval)
+            if rank == 0:
+                _metrics_line(metrics, {"event": "checkpoint_interval", **self.interval})
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.store and self.run)
+
+    def _plan(self) -> None:
+        from seedance_tasks.training import resilience
+
+        if not self.stalls or not self.step_seconds:
+            self.interval = {"mode": "young-daly", "interval_steps": 1, "why": "first save measures the save stall",
+                             **self.history}
+        else:
+            self.interval = {**resilience.young_daly(sum(self.stalls) / len(self.stalls), self.history["mtbf_s"],
+                                                     sum(self.step_seconds) / len(self.step_seconds),
+                                                     max_steps=self.steps), **self.history}
+        self.recorder.note_checkpoint_interval(self.interval)
+        if self.rank == 0:
+            _metrics_line(self.metrics, {"event": "checkpoint_interval", **self.interval})
+
+    def due(self, done: int, step_seconds: float) -> bool:
+        """Rank 0's decision to save after step `done` (the other ranks follow it through the all-reduce)."""
+        self.step_seconds.append(step_seconds)
+        if not self.enabled or self.rank != 0:
+            return False
+        if done == self.steps:
+            return True
+        if self.every == "auto":
+            return done - self.last_saved >= self.interval["interval_steps"]
+        return bool(self.every) and done % int(self.every) == 0
+
+    def save(self, state: dict[str, Any], done: int, loss: float) -> None:
+        """save_async of `state` as step `done` (once per step); the stall is what the loop waited."""
+        from seedance_tasks import checkpoint
+
+        if done in self.saved:
+            return
+        began = time.perf_counter()
+        future = checkpoint.save_async(state, self.store, self.run, done, metrics={"loss": loss})
+        stall = time.perf_counter() - began
+        self.saved.add(done)
+        self.last_saved = done
+        self.pending.append(future)
+        self.stalls.append(stall)
+        # the event is written when the save commits, even if this process dies right after
+        future.add_done_callback(lambda finished, done=done, stall=stall: self._committed(done, finished, stall))
+        if self.every == "auto":
+            self._plan()
+
+    def _committed(self, done: int, future, stall: float) -> None:
+        if future.cancelled() or future.exception() is not None:
+            return  # wait_for_saves() raises it in the main thread
+        summary = future.result()
+        _metrics_line(self.metrics, {"event": "checkpoint", "step": done, "stored_bytes": summary.get("stored_bytes"),
+                                     "kind": summary.get("kind"), "stall_s": round(stall, 6)})
+        _log(self.rank, f"checkpoint step {done}: {summary.get('kind')} {summary.get('stored_bytes')} bytes "
+                        f"(loop stalled {stall * 1000:.1f} ms)")
+
+    def drain(self, wait: bool = False) -> None:
+        """Forget the saves that finished; with `wait`, wait for all of them (raising a failed one's error)."""
+        if wait and self.pending:
+            from seedance_tasks import checkpoint
+
+            checkpoint.wait_for_saves()
+        self.pending = [future for future in self.pending if not future.done()]
+
+
+def _recorder(job: dict[str, Any], rank: int, world: int, attempt: int, device: torch.device):
+    if not job.get("telemetry"):
+        return _NoPhase()
+    from seedance_tasks.telemetry.recorder import StepRecorder
+    from seedance_tasks.telemetry.settings import TelemetrySettings
+
+    settings = TelemetrySettings.model_validate(job["telemetry"])
+    if not settings.enabled:
+        return _NoPhase()
+    recorder = StepRecorder(settings, folder=job["telemetry_dir"], rank=rank, world=world,
+                            run=job.get("run") or Path(job["telemetry_dir"]).parent.name, attempt=attempt,
+                            device=device, local_world=int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    port = recorder.start()
+    _log(rank, f"telemetry: exporter {'on port ' + str(port) if port else 'off'}, energy {recorder.meter.source}, "
+               f"price {recorder.price.key} {recorder.price.hourly} USD/h x {recorder.price.units}")
+    return recorder
+
+
+def _watcher(job: dict[str, Any], local_rank: int):
+    from seedance_tasks.training.resilience import InterruptWatcher
+
+    spot = job.get("spot") or {}
+    endpoint = spot.get("endpoint") if spot.get("enabled") and local_rank == 0 else None  # one poller per node
+    return InterruptWatcher(endpoint, float(spot.get("poll_interval") or 5)).install()
 
 
 @record
@@ -162,6 +375,7 @@ def main(argv: list[str] | None = None) -> int:
     binding = apply_rank_binding()
     backend = job["backend"]
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    watcher = _watcher(job, local_rank)  # a SIGTERM from here on is a request to stop after a step
     if backend == "nccl":
         torch.cuda.set_device(local_rank)
         device = torch.device("cuda", local_rank)
@@ -171,7 +385,9 @@ def main(argv: list[str] | None = None) -> int:
     dist.init_process_group(backend, timeout=timedelta(seconds=float(job["collective_timeout"])))
     rank, world = dist.get_rank(), dist.get_world_size()
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-    _log(rank, f"start: world={world} backend={backend} device={device} attempt={attempt} binding={binding}")
+    precision_mode = job.get("precision") or "fp32"
+    _log(rank, f"start: world={world} backend={backend} device={device} attempt={attempt} pid={os.getpid()} "
+               f"precision={precision_mode} binding={binding}")
 
     if device.type == "cuda":
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # cuBLAS determinism needs it
@@ -184,6 +400,7 @@ def main(argv: list[str] | None = None) -> int:
         optimizer = torch.optim.SGD(model.parameters(), lr=sched.base_lr, momentum=0.9)
     else:
         optimizer = torch.optim.AdamW(model.parameters(), lr=sched.base_lr, weight_decay=0.01)
+    precision = Precision(precision_mode, device, float(job.get("loss_scale_init") or 65536.0))
 
     store, run = job.get("checkpoint_store"), job.get("run")
     start = 0
@@ -195,11 +412,15 @@ def main(argv: list[str] | None = None) -> int:
             state = checkpoint.load(store, run, latest)
             model.load_state_dict(state["model"])
             optimizer.load_state_dict(state["optimizer"])
+            precision.load_state_dict(state.get("scaler"))
             start = int(state["step"])
             _log(rank, f"resumed from checkpoint step {start} of run {run} (saved with world={state.get('world')})")
     metrics = Path(job["metrics"])
+    recorder = _recorder(job, rank, world, attempt, device)
+    checkpoints = Checkpointing(job, metrics, rank, start, recorder)
     if rank == 0:
-        _metrics_line(metrics, {"event": "start", "attempt": attempt, "world": world, "resumed_from": start})
+        _metrics_line(metrics, {"event": "start", "attempt": attempt, "world": world, "resumed_from": start,
+                                "precision": precision_mode, "time": time.time()})
 
     data = None
     if job.get("data"):
@@ -209,54 +430,56 @@ def main(argv: list[str] | None = None) -> int:
     fail_at = int(os.environ.get(FAIL_AT_ENV, "-1"))
     hang_at = int(os.environ.get(HANG_AT_ENV, "-1"))
     fail_rank = int(os.environ.get(FAIL_RANK_ENV, str(world - 1)))
-    every, steps = int(job.get("checkpoint_every") or 0), int(job["steps"])
+    steps = int(job["steps"])
     loss_fn = nn.CrossEntropyLoss()
+    interrupted = None
     for step in range(start, steps):
+        done = step + 1
         plan = batch_schedule.plan_step(step, sched, world)
         for group in optimizer.param_groups:
             group["lr"] = plan.lr
-        optimizer.zero_grad(set_to_none=True)
-        local_loss = torch.zeros((), device=device)
         began = time.perf_counter()
-        for micro in range(plan.accumulation):
-            index = micro * world + rank  # the global micro-batch slot this rank fills
-            if data is not None:
-                tokens = data.batch()
-            else:
-                tokens = synthetic_tokens(job["seed"], step, index, sched.micro_batch,
-                                          model_cfg["seq_len"], model_cfg["vocab_size"])
-            tokens = tokens.to(device)
-            sync = nullcontext() if micro == plan.accumulation - 1 else ddp.no_sync()
-            with sync:
-                logits = ddp(tokens[:, :-1])
-                loss = loss_fn(logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1)) / plan.accumulation
-                loss.backward()
-            local_loss += loss.detach()
-        optimizer.step()
-        dist.all_reduce(local_loss)
-        global_loss = float(local_loss.item() / world)
-        if rank == 0:
-            _metrics_line(metrics, {
-                "step": step + 1, "loss": global_loss, "lr": plan.lr, "global_batch": plan.global_batch,
-                "accumulation": plan.accumulation, "world": world, "attempt": attempt,
-                "seconds": round(time.perf_counter() - began, 4),
-            })
-            _log(rank, f"step {step + 1}/{steps} loss {global_loss:.5f} batch {plan.global_batch} "
-                       f"(accum {plan.accumulation}) lr {plan.lr:.3g}")
-        done = step + 1
-        if store and run and ((every and done % every == 0) or done == steps):
-            if rank == 0:
-                from seedance_tasks import checkpoint
+        with recorder.step(done):
 
-                summary = checkpoint.save(
-                    {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": done,
-                     "world": world, "schedule": plan.to_dict()},
-                    store, run, done, metrics={"loss": global_loss},
-                )
-                _metrics_line(metrics, {"event": "checkpoint", "step": done, "stored_bytes": summary.get("stored_bytes"),
-                                        "kind": summary.get("kind")})
-                _log(rank, f"checkpoint step {done}: {summary.get('kind')} {summary.get('stored_bytes')} bytes")
-            dist.barrier()
+            def batch(micro: int, plan=plan, step=step) -> torch.Tensor:
+                if data is not None:
+                    return data.batch().to(device)
+                index = micro * world + rank  # the global micro-batch slot this rank fills
+                return synthetic_tokens(job["seed"], step, index, sched.micro_batch, model_cfg["seq_len"],
+                                        model_cfg["vocab_size"]).to(device)
+
+            local_loss, skipped = train_step(ddp, optimizer, precision, batch, plan.accumulation, loss_fn, recorder)
+            with recorder.phase("collective"):
+                # one all-reduce: the loss, whether any rank was asked to stop, whether rank 0 saves now
+                wants_save = checkpoints.due(done, time.perf_counter() - began)
+                asked = [float(watcher.reason == reason) for reason in STOP_REASONS]
+                flags = torch.cat([local_loss.float().reshape(1),
+                                   torch.tensor([*asked, float(wants_save)], device=device)])
+                dist.all_reduce(flags)
+                reduced = flags.tolist()
+            global_loss = float(reduced[0] / world)
+            stops = [reason for reason, count in zip(STOP_REASONS, reduced[1:-1], strict=True) if count > 0]
+            stop, save_now = bool(stops), reduced[-1] > 0
+            if checkpoints.enabled and (save_now or stop) and rank == 0:
+                with recorder.phase("checkpoint"):
+                    state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": done,
+                             "world": world, "schedule": plan.to_dict()}
+                    if precision.scaler is not None:
+                        state["scaler"] = precision.state_dict()
+                    checkpoints.save(state, done, global_loss)
+        if rank == 0:
+            line = {"step": done, "loss": global_loss, "lr": plan.lr, "global_batch": plan.global_batch,
+                    "accumulation": plan.accumulation, "world": world, "attempt": attempt,
+                    "seconds": round(time.perf_counter() - began, 4)}
+            if precision.scaler is not None:
+                line.update(loss_scale=precision.loss_scale, skipped=skipped)
+            _metrics_line(metrics, line)
+            _log(rank, f"step {done}/{steps} loss {global_loss:.5f} batch {plan.global_batch} "
+                       f"(accum {plan.accumulation}) lr {plan.lr:.3g}" + (" SKIPPED (overflow)" if skipped else ""))
+            checkpoints.drain()
+        if stop:
+            interrupted = {"step": done, "reason": "+".join(stops), "notice": watcher.notice}
+            break
         if done == fail_at and rank == fail_rank and attempt == 0:
             _log(rank, f"{FAIL_AT_ENV}={fail_at}: killing myself with SIGKILL")
             os.kill(os.getpid(), signal.SIGKILL)
@@ -265,9 +488,25 @@ def main(argv: list[str] | None = None) -> int:
             while True:
                 time.sleep(60)
     if rank == 0:
+        checkpoints.drain(wait=True)  # every save committed before anyone exits
+    recorder.close()
+    if interrupted is not None:
+        from seedance_tasks.training.resilience import INTERRUPTED_EXIT
+
+        saved = interrupted["step"] in checkpoints.saved
+        if rank == 0:
+            _metrics_line(metrics, {"event": "interrupted", **interrupted, "saved": saved, "exit_code": INTERRUPTED_EXIT})
+        _log(rank, f"interrupted ({interrupted['reason']}) after step {interrupted['step']}: "
+                   f"{'checkpoint saved' if saved else 'no checkpoint store'}; exiting {INTERRUPTED_EXIT} (retryable)")
+        dist.barrier()  # nobody exits before rank 0's save is committed
+        dist.destroy_process_group()
+        watcher.close()  # till here a SIGTERM (torchrun stopping the group) cannot cut the exit short
+        return INTERRUPTED_EXIT
+    if rank == 0:
         _metrics_line(metrics, {"event": "finish", "steps": steps})
     _log(rank, "finished")
     dist.destroy_process_group()
+    watcher.close()
     return 0
 
 

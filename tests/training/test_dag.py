@@ -35,6 +35,8 @@ def test_dag_run_trains_checkpoints_and_reports_health(run_dag, tmp_path):
     launched = xcom_value(dag_run, "launch")
     assert launched["ok"] and launched["steps_completed"] == 4 and launched["checkpoints"] == [2, 4]
     assert launched["final_loss"] < launched["first_loss"]
+    assert launched["cost"].endswith(" USD") and launched["cost_per_1000_steps"].endswith(" USD")  # telemetry
+    assert launched["energy_source"] in ("estimated", "rapl") and 0 <= launched["utilisation"] <= 1
     assert checkpoint.latest_step(str(store), "dag-test") == 4
     assert "[rank0] step 4/4" in (tmp_path / "logs" / "dag-test" / "launch.log").read_text()
     assert xcom_value(dag_run, "health")["verdict"]["status"] == "unknown"  # gloo: nothing NCCL to judge

@@ -5,14 +5,23 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
+import time
+from decimal import Decimal
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 from seedance_tasks import checkpoint
 from seedance_tasks.cli import app
+from seedance_tasks.config import load_settings
 from seedance_tasks.training.launch import launch, read_metrics
+from seedance_tasks.training.resilience import INTERRUPTED_EXIT
 from seedance_tasks.training.trainer import FAIL_AT_ENV
+from tests.airflow_services import free_port
+from tests.prometheus_support import MISSING, prometheus_server
+from tests.telemetry.imds_server import ImdsServer
 
 pytestmark = pytest.mark.slow
 
@@ -22,20 +31,89 @@ SCHEDULE = {"micro_batch": 2, "start_batch": 4, "peak_batch": 12, "end_batch": 8
 
 
 def _launch(tmp_path, run: str, **kwargs):
+    kwargs.setdefault("checkpoint_every", EVERY)
     return launch(
         nproc_per_node=2, backend="gloo", steps=STEPS, checkpoint_store=str(tmp_path / "store"), run=run,
-        checkpoint_every=EVERY, log_dir=tmp_path / run,  # a relaunch appends to the same metrics
+        log_dir=tmp_path / run,  # a relaunch appends to the same metrics
         schedule=SCHEDULE, **kwargs,
     )
 
 
+def _two_free_ports() -> int:
+    """A base port p with p and p + 1 free (rank r exports on p + r)."""
+    import socket
+
+    for _ in range(50):
+        base = free_port()
+        try:
+            with socket.socket() as sock:
+                sock.bind(("127.0.0.1", base + 1))
+            return base
+        except OSError:
+            continue
+    raise RuntimeError("no two consecutive free ports")
+
+
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    """One uninterrupted run: the trajectory every interrupted run must reproduce."""
+def prometheus(tmp_path_factory):
+    """A real Prometheus on loopback scraping the two ranks' exporters every second (None without it)."""
+    if MISSING:
+        yield None
+        return
+    base = _two_free_ports()
+    with prometheus_server(tmp_path_factory.mktemp("prometheus") / "data",
+                           [f"127.0.0.1:{base}", f"127.0.0.1:{base + 1}"], scrape_interval="1s") as server:
+        server.exporter_port = base
+        yield server
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, prometheus):
+    """One uninterrupted run: the trajectory every interrupted run must reproduce (scraped by
+    Prometheus while it runs, where Prometheus is installed)."""
     tmp_path = tmp_path_factory.mktemp("reference")
-    result = _launch(tmp_path, "reference")
+    settings = load_settings()
+    if prometheus is not None:
+        settings.telemetry.port = prometheus.exporter_port
+        settings.telemetry.final_scrape_wait = 30  # the last step's totals are scraped before exit
+    result = _launch(tmp_path, "reference", settings=settings)
     assert result["ok"], result["error"]
     return result
+
+
+def test_prometheus_scrapes_the_recorders_totals_during_a_torchrun_job(reference, prometheus):
+    if prometheus is None:
+        pytest.skip(MISSING)
+    folder = Path(reference["telemetry"]["folder"])
+    sums = {rank: json.loads((folder / f"totals-r{rank:04d}-a000.json").read_text())["totals"] for rank in (0, 1)}
+    now = time.time()
+
+    def scraped(metric: str) -> dict[tuple, float]:
+        series = prometheus.query_range(f"last_over_time({metric}[10m])", now, now, 1)
+        return {tuple(sorted((k, v) for k, v in item["metric"].items() if k in ("rank", "phase", "source"))):
+                float(item["values"][-1][1]) for item in series if item["metric"].get("run") == "reference"}
+
+    for rank in (0, 1):
+        assert sums[rank]["steps"] == STEPS
+    for metric, key in [("seedance_steps_total", "steps"), ("seedance_cost_usd_total", "cost_usd"),
+                        ("seedance_step_seconds_total", "step_seconds"), ("seedance_busy_seconds_total", "busy_seconds"),
+                        ("seedance_loader_samples_total", "loader_samples"),
+                        ("seedance_loader_bytes_total", "loader_bytes")]:
+        got = scraped(metric)
+        assert got == {(("rank", str(rank)),): float(sums[rank][key]) for rank in (0, 1)}, metric
+    energy = scraped("seedance_energy_joules_total")
+    assert {labels: value for labels, value in energy.items()} == {
+        (("rank", str(rank)), ("source", source)): sums[rank]["energy_joules"]
+        for rank in (0, 1) for source in [dict(labels)["source"] for labels in energy if dict(labels)["rank"] == str(rank)]}
+    phases = scraped("seedance_phase_seconds_total")
+    for rank in (0, 1):
+        for phase, seconds in sums[rank]["phase_seconds"].items():
+            assert phases[(("phase", phase), ("rank", str(rank)))] == seconds
+    # and the Parquet samples, the DAG's summary, say the same as the recorder
+    telemetry = reference["telemetry"]
+    assert Decimal(telemetry["cost_usd"]) == sum(Decimal(repr(sums[rank]["cost_usd"])) for rank in (0, 1))
+    assert telemetry["steps"] == STEPS and telemetry["cost"].endswith(" USD")
+    assert sums[0]["phase_seconds"]["collective"] > 0 and sums[0]["phase_seconds"]["checkpoint"] > 0
 
 
 def test_uninterrupted_run_trains_and_checkpoints(reference, tmp_path):
@@ -137,3 +215,67 @@ def test_a_hung_job_is_killed_with_every_process(tmp_path):
     assert "killed as hung" in result["error"]
     assert result["steps_completed"] == 2  # it hung after step 2, not at start-up
     assert _marked_pids(result["job_token"]) == []  # nothing of the job survives
+
+
+def test_sigterm_finishes_the_step_saves_and_the_restart_resumes_bit_exact(reference, tmp_path):
+    """SIGTERM to one worker only (a Slurm preemption, a Kubernetes eviction): both ranks stop after
+    the same step, rank 0 saves it, every worker exits 75, torchrun restarts them, they resume."""
+    pids: dict[int, int] = {}
+    sent: list[int] = []
+
+    def on_line(line: str) -> None:
+        if match := re.match(r"\[rank(\d)\] start: .* attempt=0 pid=(\d+)", line):
+            pids[int(match.group(1))] = int(match.group(2))
+        if line.startswith("[rank0] step 2/") and not sent:
+            os.kill(pids[1], signal.SIGTERM)
+            sent.append(pids[1])
+
+    result = _launch(tmp_path, "sigterm", max_restarts=1, on_line=on_line)
+    assert sent and result["ok"], result["error"]
+    [interruption] = result["interruptions"]
+    stopped = interruption["step"]
+    assert interruption["reason"] == "SIGTERM" and interruption["saved"] and 2 <= stopped <= STEPS
+    log = open(result["log"]).read()
+    assert f"[rank0] interrupted (SIGTERM) after step {stopped}" in log  # rank 0 had no signal: it agreed
+    assert f"[rank1] interrupted (SIGTERM) after step {stopped}" in log
+    assert re.search(rf"exitcode\s*:\s*{INTERRUPTED_EXIT}", log) or f"exitcode: {INTERRUPTED_EXIT}" in log, log[-3000:]
+    assert [start["resumed_from"] for start in result["starts"]] == [0, stopped]
+    assert stopped in result["checkpoints"] and result["interrupted"] is None  # the last attempt finished
+    assert result["losses"] == reference["losses"]  # bit-identical trajectory
+
+
+def test_spot_notice_saves_exits_retryably_and_the_relaunch_resumes_bit_exact(reference, tmp_path):
+    """The EC2 spot notice from a loopback IMDSv2 server: the job saves the step it is in, exits
+    retryably (torchrun out of restarts: the launch fails as retryable, as the Airflow task does),
+    and the relaunch (Airflow's retry, elsewhere: no notice there) resumes bit-exact."""
+    settings = load_settings()
+    with ImdsServer() as imds:
+        settings.training.spot.endpoint = imds.endpoint
+        settings.training.spot.poll_interval = 0.1
+
+        def on_line(line: str) -> None:
+            if line.startswith("[rank0] step 2/"):
+                imds.notice = {"action": "terminate", "time": "2026-01-01T00:02:00Z"}
+
+        first = _launch(tmp_path, "spot", settings=settings, on_line=on_line)
+        assert imds.polls() >= 1 and all(status != 401 for _m, _p, status in imds.requests if _m == "GET")
+        assert not first["ok"] and first["retryable"] and first["exit_code"] != 0
+        interrupted = first["interrupted"]
+        stopped = interrupted["step"]
+        assert interrupted["reason"] == "spot-notice" and interrupted["notice"]["action"] == "terminate"
+        assert interrupted["saved"] and 2 <= stopped <= STEPS and stopped in first["checkpoints"]
+        assert first["error"].startswith(f"interrupted (spot-notice) after step {stopped}: checkpoint saved")
+        assert checkpoint.latest_step(str(tmp_path / "store"), "spot") == stopped
+        assert first["losses"] == reference["losses"][:stopped]
+        assert first["failures"][0]["exitcode"] == INTERRUPTED_EXIT  # the root cause: a retryable exit
+
+        imds.notice = None  # the retry runs on an instance with no notice
+        second = _launch(tmp_path, "spot", settings=settings, checkpoint_every="auto")
+    assert second["ok"], second["error"]
+    assert [start["resumed_from"] for start in second["starts"]] == [0, stopped]
+    assert second["losses"] == reference["losses"]  # bit-identical, whatever the checkpoint steps
+    interval = second["checkpoint_interval"]  # Young-Daly from the measured stalls and the run's history
+    assert interval["mode"] == "young-daly" and interval["mtbf_source"] == "observed" and interval["failures"] == 1
+    assert interval["interval_s"] == pytest.approx((2 * interval["save_cost_s"] * interval["mtbf_s"]) ** 0.5, abs=2e-3)
+    assert interval["interval_steps"] >= 1 and STEPS in second["checkpoints"]
+    assert second["telemetry"]["steps"] == STEPS  # the cost of both attempts, in one summary

@@ -1,0 +1,118 @@
+"""Telemetry samples as Parquet in the run's folder: one row per (timestamp, name, labels, value).
+
+Files: `<run folder>/telemetry/samples-r<rank>-a<attempt>-<seq>.parquet`, each written under a
+hidden name and renamed into place, so a reader (the signals pipeline, the DAG summary) never
+sees half a file. Names are the Prometheus names (`seedance_...`); labels always hold `run`,
+`rank`, `attempt` and `step`.
+"""
+
+from __future__ import annotations
+
+import os
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+SCHEMA_FIELDS = ("timestamp", "name", "labels", "value")
+
+
+def _schema():
+    import pyarrow as pa
+
+    return pa.schema([
+        ("timestamp", pa.timestamp("us", tz="UTC")),
+        ("name", pa.string()),
+        ("labels", pa.map_(pa.string(), pa.string())),
+        ("value", pa.float64()),
+    ])
+
+
+def write_samples(folder: str | Path, file_name: str, rows: tuple[list, list, list, list]) -> Path:
+    """Write (timestamps in epoch seconds, names, label dicts, values) as one Parquet file, atomically."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    stamps, names, labels, values = rows
+    table = pa.Table.from_arrays([
+        pa.array([int(stamp * 1_000_000) for stamp in stamps], pa.int64()).cast(pa.timestamp("us", tz="UTC")),
+        pa.array(names, pa.string()),
+        pa.array([list(item.items()) for item in labels], pa.map_(pa.string(), pa.string())),
+        pa.array(values, pa.float64()),
+    ], schema=_schema())
+    final = folder / file_name
+    hidden = folder / f".{file_name}.tmp-{os.getpid()}"
+    pq.write_table(table, hidden, compression="zstd")
+    os.replace(hidden, final)
+    return final
+
+
+def read_samples(folder: str | Path):
+    """Every sample file under `folder` (the `telemetry/` folder of a run) as one Arrow table
+    (hidden, half-written files skipped); an empty table with the schema when there are none."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    files = sorted(Path(folder).glob("samples-*.parquet")) if Path(folder).is_dir() else []
+    tables = [pq.read_table(path, schema=_schema()) for path in files]
+    return pa.concat_tables(tables) if tables else _schema().empty_table()
+
+
+def _last_by_series(table, names: set[str]) -> dict[tuple, tuple[dict, float]]:
+    """The last value of each (name, rank, attempt, extra labels) series among `names`."""
+    last: dict[tuple, tuple[dict, float]] = {}
+    columns = table.select(["name", "labels", "value"]).to_pylist()
+    for row in columns:
+        if row["name"] not in names:
+            continue
+        labels = dict(row["labels"])
+        key = (row["name"], *sorted((k, v) for k, v in labels.items() if k != "step"))
+        last[key] = (labels, row["value"])
+    return last
+
+
+def summarise(folder: str | Path) -> dict[str, Any]:
+    """What a run cost so far, from its samples (every rank, every attempt, redone steps included).
+
+    Returns cost_usd (Decimal, exact), cost (str, rounded to cents, with currency), currency,
+    steps (optimizer steps completed), usd_per_1000_steps, energy_joules, energy_kwh,
+    energy_sources (e.g. ["estimated"]), utilisation (step-time weighted mean), gpu_seconds
+    (rank-seconds), data_wait_fraction. Zeros and None when the run has no samples yet.
+    """
+    from seedance_tasks.telemetry.pricing import cents
+
+    table = read_samples(folder)
+    totals = _last_by_series(table, {"seedance_cost_usd_total", "seedance_energy_joules_total",
+                                     "seedance_step_seconds_total", "seedance_phase_seconds_total",
+                                     "seedance_busy_seconds_total", "seedance_step"})
+    cost, energy, seconds, busy, data_wait, steps = Decimal(0), 0.0, 0.0, 0.0, 0.0, 0
+    sources: set[str] = set()
+    for (name, *_rest), (labels, value) in totals.items():
+        if name == "seedance_cost_usd_total":
+            cost += Decimal(repr(value))
+        elif name == "seedance_energy_joules_total":
+            energy += value
+            sources.add(labels.get("source", "unknown"))
+        elif name == "seedance_step_seconds_total":
+            seconds += value
+        elif name == "seedance_busy_seconds_total":
+            busy += value
+        elif name == "seedance_phase_seconds_total" and labels.get("phase") == "data":
+            data_wait += value
+        elif name == "seedance_step":
+            steps = max(steps, int(value))
+    per_1000 = cents(cost * 1000 / steps) if steps else None
+    return {
+        "cost_usd": cost,
+        "cost": f"{cents(cost)} USD",
+        "currency": "USD",
+        "steps": steps,
+        "usd_per_1000_steps": per_1000,
+        "energy_joules": round(energy, 3),
+        "energy_kwh": round(energy / 3.6e6, 6),
+        "energy_sources": sorted(sources),
+        "utilisation": round(busy / seconds, 4) if seconds else None,
+        "rank_seconds": round(seconds, 3),
+        "data_wait_fraction": round(data_wait / seconds, 4) if seconds else None,
+    }
