@@ -38,9 +38,6 @@ def _store(workspace: Path) -> Path:
 
 def demo(workspace: Path, airflow: DemoAirflow) -> DemoResult:
     """GC (keep the last 2 and every 40th step) then tiering of the rest, applied, through Airflow."""
-    from seedance_tasks import checkpoint, storage
-    from seedance_tasks.checkpoint.store import committed_steps
-
     store = _store(workspace)
     overrides = {
         "SEEDANCE__LIFECYCLE__TIERS__HOT__PRICE_CLASS": "LOCAL_SSD",
@@ -51,35 +48,43 @@ def demo(workspace: Path, airflow: DemoAirflow) -> DemoResult:
     }
     saved = {key: os.environ.get(key) for key in overrides}
     os.environ.update(overrides)
-    try:
+    try:  # the tier locations stay configured while the demo restores from them
         dag_run = airflow.run("seedance_checkpoint_lifecycle", {
             "store": str(store), "run": RUN, "apply": True, "keep_last": 2, "keep_every": 40, "purge_older_than": "0",
         })
+        report = airflow.xcom(dag_run, "report") or {}
+        figures = _figures(report, store)
     finally:
         for key, value in saved.items():
             if value is None:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
-    report = airflow.xcom(dag_run, "report") or {}
-    figures = []
-    if report:
-        run = report["runs"][0]
-        before, after = Decimal(report["monthly_usd_before"]), Decimal(report["monthly_usd_after"])
-        gc_before = run["gc_cost"]["before"]
-        tiers = run["cost"]["after"]["tiers"]
-        kept = committed_steps(storage.resolve(store), RUN)
-        restored = checkpoint.load(str(store), RUN, kept[-1])
-        figures = [
-            ("checkpoints before -> after GC", f"{gc_before['checkpoints']} -> {len(kept)} (kept steps {kept})"),
-            ("stored bytes before -> after", f"{format_size(gc_before['bytes'])} -> {format_size(run['cost']['after']['bytes'])}"),
-            ("freed by GC (trash purged)", format_size(report["bytes_freed"])),
-            ("moved to warm / cold", f"{run['moved'].get('warm', 0)} / {run['moved'].get('cold', 0)}"),
-            ("bytes per tier (hot/warm/cold)", " / ".join(format_size(tiers[t]["bytes"]) for t in ("hot", "warm", "cold"))),
-            ("monthly cost before -> after", f"${before} -> ${after} (-{(before - after) / before:.0%})" if before else "$0"),
-            ("restored latest step after tiering", f"{restored['step']} (sha256-verified)"),
-        ]
     did = (f"GC deleted {report.get('deleted', 0)} checkpoint(s), tiering moved {report.get('moved', 0)}"
            if report else "no report")
     return DemoResult("checkpoint lifecycle", "seedance_checkpoint_lifecycle", dag_run.state, did, figures,
                       outputs=[str(store), str(store.parent / "warm"), str(store.parent / "cold")])
+
+
+def _figures(report: dict, store: Path) -> list[tuple[str, str]]:
+    """The lifecycle report's before/after figures, and a verified restore of the latest kept step."""
+    from seedance_tasks import checkpoint, storage
+    from seedance_tasks.checkpoint.store import committed_steps
+
+    if not report:
+        return []
+    run = report["runs"][0]
+    before, after = Decimal(report["monthly_usd_before"]), Decimal(report["monthly_usd_after"])
+    gc_before = run["gc_cost"]["before"]
+    tiers = run["cost"]["after"]["tiers"]
+    kept = committed_steps(storage.resolve(store), RUN)
+    restored = checkpoint.load(str(store), RUN, kept[-1])
+    return [
+        ("checkpoints before -> after GC", f"{gc_before['checkpoints']} -> {len(kept)} (kept steps {kept})"),
+        ("stored bytes before -> after", f"{format_size(gc_before['bytes'])} -> {format_size(run['cost']['after']['bytes'])}"),
+        ("freed by GC (trash purged)", format_size(report["bytes_freed"])),
+        ("moved to warm / cold", f"{run['moved'].get('warm', 0)} / {run['moved'].get('cold', 0)}"),
+        ("bytes per tier (hot/warm/cold)", " / ".join(format_size(tiers[t]["bytes"]) for t in ("hot", "warm", "cold"))),
+        ("monthly cost before -> after", f"${before} -> ${after} (-{(before - after) / before:.0%})" if before else "$0"),
+        ("restored latest step after tiering", f"{restored['step']} (sha256-verified)"),
+    ]

@@ -100,8 +100,21 @@ def run_audit(day: date, inputs: Inputs, out: str | None = None) -> dict[str, An
     return night
 
 
-def open_findings(night: dict[str, Any]) -> list[dict[str, Any]]:
+def night_findings(night: dict[str, Any]) -> list[dict[str, Any]]:
+    """The open findings (as JSON dicts) of a night's document, in registry order."""
     return [f for signal in night["signals"] for f in signal["findings"]]
+
+
+def open_findings(root: str) -> list[Finding]:
+    """The findings still open after the latest night audited under `root` (a URI: `signals.root`),
+    most money at stake first; [] when no night has been written there yet. For the dashboard."""
+    location = storage.resolve(root)
+    for name in reversed(_nights(location)):
+        path = location.join(NIGHTS, name, "findings.json")
+        if storage.is_file(location.fs, path):
+            found = [Finding.from_json(data) for data in night_findings(storage.read_json(location.fs, path))]
+            return sorted(found, key=lambda f: (-f.at_stake, f.id))
+    return []
 
 
 def write_night(root: storage.Location, night: dict[str, Any]) -> dict[str, str]:
@@ -114,7 +127,7 @@ def write_night(root: storage.Location, night: dict[str, Any]) -> dict[str, str]
     document = {key: value for key, value in night.items() if key != "outputs"}
     storage.write_bytes_atomic(folder.fs, folder.join("findings.json"),
                                json.dumps(document, indent=1, sort_keys=True, default=str).encode())
-    rows = open_findings(night) + night["resolved"]
+    rows = night_findings(night) + night["resolved"]
     columns = ["id", "signal", "key", "severity", "status", "change", "summary", "at_stake", "currency", "owner",
                "first_seen", "last_seen"]
     table = pa.table({name: pa.array([None if row.get(name) is None else str(row[name]) for row in rows], pa.string())
@@ -140,7 +153,7 @@ def render_html(night: dict[str, Any]) -> str:
         lines.append(f"<tr><td>{e(signal['id'])}</td><td>{e(state)}</td><td>{len(signal['findings'])}</td></tr>")
     lines.append("</table><h2>Open findings</h2><table border=1><tr><th>severity</th><th>finding</th><th>at stake"
                  "/month</th><th>since</th><th>fix</th></tr>")
-    for f in open_findings(night):
+    for f in night_findings(night):
         fix = f"{f['fix']['dag_id']} {json.dumps(f['fix']['conf'])}" if f.get("fix") else ""
         lines.append(f"<tr><td>{e(f['severity'])}</td><td>{e(f['summary'])}</td><td>{e(f['at_stake'])} "
                      f"{e(f['currency'])}</td><td>{e(f['first_seen'])}</td><td>{e(fix)}</td></tr>")

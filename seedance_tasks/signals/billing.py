@@ -11,14 +11,19 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from seedance_tasks.signals.model import Finding, dollars, require_metrics, severity_for
-from seedance_tasks.signals.sources import daily, increase
+from seedance_tasks.signals.sources import daily, in_days, increase
 
 HUNDRED = Decimal(100)
 WINDOW = 28  # "the trailing four weeks"
 
 
 def _currencies(billing: pa.Table):
-    for currency in sorted(pc.unique(billing["currency"]).to_pylist()):
+    """(currency, its lines) per currency; one currency (the usual case) costs no copy."""
+    currencies = sorted(pc.unique(billing["currency"]).to_pylist())
+    if len(currencies) == 1:
+        yield currencies[0], billing
+        return
+    for currency in currencies:
         yield currency, billing.filter(pc.equal(billing["currency"], currency))
 
 
@@ -27,9 +32,9 @@ def _of_kind(table: pa.Table, kind: str) -> pa.Table:
 
 
 def _total(table: pa.Table, start: date, end: date, value: str = "cost") -> Decimal:
-    sums = daily(table.append_column("all", pa.array([""] * table.num_rows)), ["all"], start, end, value)
-    total = sum((Decimal(str(v)) for v in sums.get(("",), {}).values()), Decimal(0))
-    return total
+    """Sum of `value` over the days in [start, end), as a Decimal."""
+    total = pc.sum(in_days(table, start, end, [value]).column(value)).as_py()
+    return Decimal(0) if total is None else Decimal(str(total))
 
 
 def _change(now: Decimal, before: Decimal) -> Decimal | None:
@@ -244,8 +249,9 @@ class UnallocatedShare:
         start, end = day.replace(day=1), day + timedelta(days=1)
         findings = []
         for currency, lines in _currencies(inputs.billing):
-            total = _total(lines, start, end)
-            unowned = _total(lines.filter(pc.is_null(lines["owner"])), start, end)
+            window = in_days(lines, start, end, ["cost", "owner"])
+            total = _total(window, start, end)
+            unowned = _total(window.filter(pc.is_null(window["owner"])), start, end)
             if total <= 0:
                 continue
             share = unowned / total * HUNDRED

@@ -12,7 +12,7 @@ from typing import Any
 from seedance_tasks import storage
 from seedance_tasks.cost.notify import Ledger
 from seedance_tasks.errors import UnavailableError
-from seedance_tasks.signals.audit import open_findings
+from seedance_tasks.signals.audit import night_findings
 
 STATE = "_seedance/signals"
 
@@ -29,7 +29,7 @@ def _key(kind: str, finding: dict[str, Any]) -> str:
 
 def to_announce(night: dict[str, Any]) -> list[dict[str, Any]]:
     """The night's new and escalated findings."""
-    return [f for f in open_findings(night) if f["change"] in ("new", "escalated")]
+    return [f for f in night_findings(night) if f["change"] in ("new", "escalated")]
 
 
 def message(finding: dict[str, Any]) -> tuple[str, str]:

@@ -81,15 +81,18 @@ def _owners(tags: pa.Array, keys: list[str]) -> pa.Array:
     return per_value(as_dict(tags), owner_of)
 
 
-def load_billing(uri: str, settings, *, basis: str = "EffectiveCost", batch_rows: int = 500_000,
-                 default_currency: str | None = None) -> pa.Table:
-    """The billing lines at `uri` as one table: day, currency, cost (decimal), quantity, kind,
-    service, owner, resource. Lines the cost pipeline rejects are left out (its `seedance cost
-    recover` reports them); InputError if the source has no valid line at all."""
+def _focus_lines(uri: str, basis: str, batch_rows: int, default_currency: str | None):
+    """(source, normalised batch, the EXTRA_COLUMNS of its kept rows) for every batch of FOCUS lines at `uri`.
+
+    The one place the signals reach into the cost pipeline's private readers (`ingest._csv_batches`,
+    `ingest._parquet_batches`) and `ingest.normalise`: the public `ingest.read_focus` drops the
+    columns the signals classify by. Once the cost module offers them (e.g. `read_focus(uri, ...,
+    passthrough=EXTRA_COLUMNS)` yielding them aligned with the kept lines), this becomes one call.
+    InputError names a file that cannot be read.
+    """
     from seedance_tasks.cost import ingest
 
     wanted = [*ingest.READ_COLUMNS, *EXTRA_COLUMNS]
-    parts = []
     for location, path in ingest.billing_files(uri):
         source = posixpath.basename(path) if location.path == path else location.relative(path)
         raw = ingest._parquet_batches if path.endswith(".parquet") else ingest._csv_batches
@@ -98,36 +101,54 @@ def load_billing(uri: str, settings, *, basis: str = "EffectiveCost", batch_rows
             for columns in raw(location.fs, path, source, batch_rows, wanted):
                 batch, _ = ingest.normalise(columns, first, source, default_currency=default_currency, costs=(basis,))
                 keep = pc.subtract(batch.column("x_Row"), first)
-                length = len(next(iter(columns.values())))
-                first += length
-
-                def extra(name: str, kept: pa.Array = keep, cols: dict = columns, n: int = length) -> pa.Array:
-                    return cols[name].take(kept) if name in cols else pa.nulls(len(kept), pa.string())
-
-                text = pc.coalesce(extra("ChargeDescription"), extra("x_UsageType"), extra("SkuId"), pa.scalar(""))
-                quantity = pc.cast(pc.replace_substring(pc.cast(extra("ConsumedQuantity"), pa.string()), ",", ""),
-                                   pa.float64(), safe=False)
-                parts.append(pa.table({
-                    "day": pc.cast(batch.column("ChargePeriodStart"), pa.date32()),
-                    "currency": pc.cast(batch.column("BillingCurrency"), pa.string()),
-                    "cost": batch.column(basis),
-                    "quantity": pc.fill_null(quantity, 0.0),
-                    "kind": _kinds(text, settings),
-                    "service": pc.cast(batch.column("ServiceName"), pa.string()),
-                    "owner": _owners(batch.column("Tags"), settings.owner_tags),
-                    "resource": batch.column("ResourceId"),
-                }))
+                first += len(next(iter(columns.values())))
+                extras = {name: columns[name].take(keep) if name in columns else pa.nulls(len(keep), pa.string())
+                          for name in EXTRA_COLUMNS}
+                yield source, batch, extras
         except (pa.ArrowInvalid, OSError) as exc:
             raise InputError(f"{source}: unreadable billing file ({exc})", hint="check the file's format") from None
+
+
+def load_billing(uri: str, settings, *, basis: str = "EffectiveCost", batch_rows: int = 500_000,
+                 default_currency: str | None = None) -> pa.Table:
+    """The billing lines at `uri` as one table: day, currency, cost (decimal), quantity, kind,
+    service, owner, resource. Lines the cost pipeline rejects are left out (its `seedance cost
+    recover` reports them); InputError if the source has no valid line at all."""
+    parts = []
+    for source, batch, extra in _focus_lines(uri, basis, batch_rows, default_currency):
+        text = pc.coalesce(extra["ChargeDescription"], extra["x_UsageType"], extra["SkuId"], pa.scalar(""))
+        try:
+            quantity = pc.cast(pc.replace_substring(pc.cast(extra["ConsumedQuantity"], pa.string()), ",", ""),
+                               pa.float64(), safe=False)
+        except pa.ArrowInvalid as exc:
+            raise InputError(f"{source}: ConsumedQuantity is not a number ({exc})",
+                             hint="ConsumedQuantity holds decimal numbers (or is empty)") from None
+        parts.append(pa.table({
+            "day": pc.cast(batch.column("ChargePeriodStart"), pa.date32()),
+            "currency": pc.cast(batch.column("BillingCurrency"), pa.string()),
+            "cost": batch.column(basis),
+            "quantity": pc.fill_null(quantity, 0.0),
+            "kind": _kinds(text, settings),
+            "service": pc.cast(batch.column("ServiceName"), pa.string()),
+            "owner": _owners(batch.column("Tags"), settings.owner_tags),
+            "resource": batch.column("ResourceId"),
+        }))
     if not parts or not sum(part.num_rows for part in parts):
         raise InputError(f"no valid billing line at {uri}", hint="run `seedance cost recover` to see why lines are rejected")
     return pa.concat_tables(parts)
 
 
+def in_days(table: pa.Table, start: date, end: date, columns: list[str] | None = None) -> pa.Table:
+    """The lines of `table` whose day is in [start, end), only `columns` (and day) when given."""
+    if columns is not None:
+        table = table.select(list(dict.fromkeys([*columns, "day"])))
+    return table.filter(pc.and_(pc.greater_equal(table["day"], pa.scalar(start, pa.date32())),
+                                pc.less(table["day"], pa.scalar(end, pa.date32()))))
+
+
 def daily(table: pa.Table, keys: list[str], start: date, end: date, value: str = "cost") -> dict[tuple, dict[date, Any]]:
     """Sum of `value` per `keys` per day, for days in [start, end): {keys: {day: sum}}."""
-    window = table.filter(pc.and_(pc.greater_equal(table["day"], pa.scalar(start, pa.date32())),
-                                  pc.less(table["day"], pa.scalar(end, pa.date32()))))
+    window = in_days(table, start, end, [*keys, value])
     grouped = window.group_by([*keys, "day"]).aggregate([(value, "sum")]).to_pylist()
     out: dict[tuple, dict[date, Any]] = {}
     for row in grouped:

@@ -207,3 +207,69 @@ def test_metrics_blind_spot_silent_when_everything_is_there(tmp_path):
              ("node_disk_reads_completed_total", {"device": "a"}, night_points(1)),
              ("node_disk_writes_completed_total", {"device": "a"}, night_points(1))]
     assert fired("metrics-blind-spot", inputs(metrics_uri=_telemetry(tmp_path, extra=extra))) == []
+
+
+def _checkpoint_store(tmp_path, steps=(0, 10, 20)):
+    """A real store of `steps` of run `r`, saved by `seedance_tasks.checkpoint.save` (tiny tensors)."""
+    import torch
+
+    from seedance_tasks import checkpoint
+    from seedance_tasks.checkpoint.store import list_checkpoints
+
+    store = str(tmp_path / "store")
+    for step in steps:
+        state = {"model": {"w": torch.full((8, 4), float(step)), "b": torch.arange(4.0) + step}, "step": step}
+        checkpoint.save(state, store, "r", step, cache_base=False)
+    rows = list_checkpoints(store)
+    assert [row["step"] for row in rows] == list(steps)
+    return store, rows
+
+
+def _bloat(store, rows, **changes):
+    from datetime import datetime
+
+    day = max(datetime.fromisoformat(row["created_at"]) for row in rows).date()
+    return evaluate_rule("checkpoint-bloat", day, inputs(settings=settings(**changes), checkpoints_uri=store))
+
+
+def _ages(rows) -> list[float]:
+    """Ages in seconds of the checkpoints at the end of the audited night (the rule's clock), oldest first."""
+    from datetime import UTC, datetime, timedelta
+
+    created = [datetime.fromisoformat(row["created_at"]) for row in rows]
+    night_end = datetime.combine(max(created).date(), datetime.min.time(), UTC) + timedelta(days=1)
+    return sorted(((night_end - when).total_seconds() for when in created), reverse=True)
+
+
+@pytest.mark.parametrize(("side", "fires"), [(-1, True), (1, False)])
+def test_checkpoint_bloat_hot_older_than_policy(tmp_path, side, fires):
+    store, rows = _checkpoint_store(tmp_path)
+    oldest, second, _ = _ages(rows)
+    assert oldest > second  # saved one after the other
+    # the policy's age limit just under (fires: only the oldest is stale) or just over the oldest's age
+    limit = oldest + side * (oldest - second) / 2
+    result = _bloat(store, rows, checkpoint_hot_max_age=limit, checkpoint_max_per_run=50)
+    assert "skipped" not in result, result
+    assert result["fired"] is fires
+    if fires:
+        [finding] = result["findings"]
+        first_saved = min(rows, key=lambda row: row["created_at"])
+        assert finding["key"] == f"{store}#r"
+        assert finding["evidence"]["stale_hot"] == 1
+        assert finding["evidence"]["stale_hot_bytes"] == first_saved["stored_bytes"]
+        assert finding["evidence"]["stored_bytes"] == sum(row["stored_bytes"] for row in rows)
+        assert finding["fix"] == {"dag_id": "seedance_checkpoint_lifecycle",
+                                  "conf": {"store": store, "run": "r", "apply": False}}
+
+
+@pytest.mark.parametrize(("most", "fires"), [(2, True), (3, False)])
+def test_checkpoint_bloat_more_checkpoints_than_gc_keeps(tmp_path, most, fires):
+    store, rows = _checkpoint_store(tmp_path)
+    result = _bloat(store, rows, checkpoint_hot_max_age=_ages(rows)[0] + 3600, checkpoint_max_per_run=most)
+    assert "skipped" not in result, result
+    assert result["fired"] is fires
+    if fires:
+        [finding] = result["findings"]
+        assert (finding["evidence"]["checkpoints"], finding["evidence"]["stale_hot"]) == (3, 0)
+        assert "3 checkpoints kept" in finding["summary"]
+        assert finding["fix"]["dag_id"] == "seedance_checkpoint_lifecycle"

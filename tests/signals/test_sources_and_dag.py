@@ -114,60 +114,93 @@ def loopback(monkeypatch):
     controller.stop()
 
 
-def test_dag_with_no_inputs_skips_every_rule(run_dag, tmp_path):
-    from seedance_tasks.dag_support import read_xcom
-
-    dag_run = run_dag("seedance_signals", {"date": "2024-10-30", "out": str(tmp_path / "out")})
-    assert dag_run.state == "success"
-    summary = read_xcom(dag_run, "publish")
-    assert summary["fired"] == [] and len(summary["skipped"]) == 13
-    assert all(reason for reason in summary["skipped"].values())
-    night = json.loads((tmp_path / "out/nights/2024-10-30/findings.json").read_text())
-    assert {s["id"] for s in night["signals"] if s.get("skipped")} == set(summary["skipped"])
-
-
-def test_dag_small_files_mail_webhook_asset_event_once(run_dag, tmp_path, loopback):
-    from airflow.models.asset import AssetEvent, AssetModel
-    from airflow.utils.session import create_session
-
-    inbox, hooks = loopback
+def _small_lake(tmp_path):
     lake = tmp_path / "lake" / "day=1"
     lake.mkdir(parents=True)
     for index in range(10):
         (lake / f"part-{index}.parquet").write_bytes(b"p" * 4096)
-    conf = {"date": "2024-10-30", "out": str(tmp_path / "out"), "lakes": [str(tmp_path / "lake")]}
+    return tmp_path / "lake"
+
+
+def test_dag_small_files_mail_webhook_asset_event_once(run_dag, tmp_path, loopback):
+    """Two real DAG runs of one night: the first announces and triggers, the re-run changes nothing."""
+    from airflow.models.asset import AssetEvent, AssetModel
+    from airflow.utils.session import create_session
+
+    from seedance_tasks.dag_support import read_xcom
+    from seedance_tasks.signals.registry import RULES
+
+    inbox, hooks = loopback
+    lake = _small_lake(tmp_path)
+    conf = {"date": "2024-10-30", "out": str(tmp_path / "out"), "lakes": [str(lake)]}
 
     def events():
         with create_session() as session:
             return [event.extra for event in session.query(AssetEvent).join(AssetModel, AssetEvent.asset_id == AssetModel.id)
                     .filter(AssetModel.name == "seedance_signal_small_files")
                     if event.extra.get("date") == "2024-10-30"
-                    and event.extra["targets"][0]["conf"]["uri"] == str(tmp_path / "lake")]
+                    and event.extra["targets"][0]["conf"]["uri"] == str(lake)]
 
-    assert run_dag("seedance_signals", conf).state == "success"
+    dag_run = run_dag("seedance_signals", conf)
+    assert dag_run.state == "success"
+    summary = read_xcom(dag_run, "publish")
+    # the rules without inputs are skipped with their reason, never silently passed
+    assert summary["fired"] == ["small-files"]
+    assert set(summary["skipped"]) == set(RULES) - {"small-files"} and all(summary["skipped"].values())
+    night = json.loads((tmp_path / "out/nights/2024-10-30/findings.json").read_text())
+    assert {s["id"] for s in night["signals"] if s.get("skipped")} == set(summary["skipped"])
     first = (tmp_path / "out/nights/2024-10-30/findings.json").read_bytes()
     assert len(inbox.messages) == 1 and inbox.messages[0][0] == ["data-team@example.com"]
     assert "small-files" in inbox.messages[0][1]
     assert len(hooks) == 1 and "small-files" in hooks[0]["text"]
     [extra] = events()
     assert extra["targets"][0]["dag_id"] == "seedance_compaction"
-    assert extra["targets"][0]["conf"] == {"uri": str(tmp_path / "lake"), "dry_run": True}
+    assert extra["targets"][0]["conf"] == {"uri": str(lake), "dry_run": True}
     assert extra["apply"] is False
 
     # a re-run of the night: same outputs, nothing sent or triggered twice
-    assert run_dag("seedance_signals", conf).state == "success"
+    dag_run = run_dag("seedance_signals", conf)
+    assert dag_run.state == "success"
     assert (tmp_path / "out/nights/2024-10-30/findings.json").read_bytes() == first
     assert len(inbox.messages) == 1 and len(hooks) == 1 and len(events()) == 1
+    assert read_xcom(dag_run, "notify") == {"sent": []}
 
-    # the next night: the finding persists (first_seen kept, not re-announced); then it is resolved
-    assert run_dag("seedance_signals", {**conf, "date": "2024-10-31"}).state == "success"
-    night = json.loads((tmp_path / "out/nights/2024-10-31/findings.json").read_text())
-    [finding] = [f for s in night["signals"] for f in s["findings"]]
-    assert (finding["first_seen"], finding["last_seen"], finding["change"]) == ("2024-10-30", "2024-10-31", "persisting")
-    assert len(inbox.messages) == 1
-    for path in lake.iterdir():
+
+def test_nights_persist_then_resolve_and_skipped_rules_stay_unconfirmed(tmp_path):
+    """The audit over three nights (no DAG): a finding persists (first_seen kept, not announced
+    again), a night that cannot look keeps it open, and a night where it is gone resolves it."""
+    from datetime import timedelta
+
+    import pyarrow.parquet as pq
+
+    from seedance_tasks.signals.audit import open_findings, run_audit
+    from seedance_tasks.signals.notify import to_announce
+
+    lake, out = _small_lake(tmp_path), str(tmp_path / "out")
+    assert open_findings(out) == []  # nothing audited yet
+    with_lake = inputs(lakes=[str(lake)])
+    first = run_audit(NIGHT, with_lake, out)
+    [finding] = to_announce(first)
+    assert (finding["change"], finding["first_seen"]) == ("new", "2024-10-30")
+
+    second = run_audit(NIGHT + timedelta(days=1), inputs(lakes=[str(lake)]), out)
+    [persisting] = [f for s in second["signals"] for f in s["findings"]]
+    assert (persisting["id"], persisting["first_seen"], persisting["last_seen"], persisting["change"]) == (
+        finding["id"], "2024-10-30", "2024-10-31", "persisting")
+    assert to_announce(second) == [] and second["resolved"] == []
+    [shown] = open_findings(out)  # what the dashboard lists
+    assert (shown.id, shown.first_seen, shown.last_seen, shown.fix["dag_id"]) == (
+        finding["id"], "2024-10-30", "2024-10-31", "seedance_compaction")
+
+    blind = run_audit(NIGHT + timedelta(days=2), inputs(), out)  # no lake configured: small-files skipped
+    [kept] = [f for s in blind["signals"] for f in s["findings"]]
+    assert (kept["id"], kept["change"]) == (finding["id"], "unconfirmed") and blind["resolved"] == []
+
+    for path in (lake / "day=1").iterdir():
         path.unlink()
-    (lake / "big.parquet").write_bytes(b"p")
-    assert run_dag("seedance_signals", {**conf, "date": "2024-11-01"}).state == "success"
-    night = json.loads((tmp_path / "out/nights/2024-11-01/findings.json").read_text())
-    assert [f["id"] for f in night["resolved"]] == [finding["id"]]
+    (lake / "day=1" / "big.parquet").write_bytes(b"p")
+    gone = run_audit(NIGHT + timedelta(days=3), inputs(lakes=[str(lake)]), out)
+    assert [f["id"] for s in gone["signals"] for f in s["findings"]] == [] and open_findings(out) == []
+    assert [(f["id"], f["status"], f["last_seen"]) for f in gone["resolved"]] == [(finding["id"], "resolved", "2024-10-31")]
+    parquet = pq.read_table(tmp_path / "out/nights/2024-11-02/findings.parquet").to_pylist()
+    assert [(row["id"], row["status"]) for row in parquet] == [(finding["id"], "resolved")]
