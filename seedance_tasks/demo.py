@@ -15,6 +15,8 @@ import sys
 import time
 import traceback
 import warnings
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -42,6 +44,21 @@ class DemoResult:
     did: str
     figures: list[tuple[str, str]] = field(default_factory=list)  # (label, value)
     outputs: list[str] = field(default_factory=list)  # where to look
+
+
+@contextmanager
+def environment(overrides: Mapping[str, str]) -> Iterator[None]:
+    """Set `overrides` in os.environ for the block (a demo's SEEDANCE__* settings), then restore."""
+    saved = {key: os.environ.get(key) for key in overrides}
+    os.environ.update(overrides)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 class DemoAirflow:

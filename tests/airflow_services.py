@@ -23,6 +23,18 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def stop_process(process: subprocess.Popen, grace_s: float = 10) -> None:
+    """TERM `process`, KILL it if it is still there after `grace_s`; returns once it is gone."""
+    if process.poll() is not None:
+        return
+    process.terminate()
+    try:
+        process.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(5)
+
+
 class AirflowServices:
     """Airflow commands and long-running services sharing one environment and home."""
 

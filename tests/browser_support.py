@@ -19,6 +19,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.airflow_services import stop_process
+
 ARTIFACTS = Path(__file__).resolve().parent / "_artifacts"
 FLAGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
          "--no-default-browser-check", "--disable-extensions", "--hide-scrollbars", "--mute-audio"]
@@ -131,10 +133,5 @@ class Browser:
             if getattr(self, "socket", None):
                 self.socket.close()
         finally:
-            self.process.terminate()
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(5)
+            stop_process(self.process)
             shutil.rmtree(self.profile, ignore_errors=True)

@@ -26,7 +26,7 @@ import urllib.request
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from tests.airflow_services import free_port
+from tests.airflow_services import free_port, stop_process
 
 PROMETHEUS = shutil.which("prometheus")
 PROMTOOL = shutil.which("promtool")
@@ -98,13 +98,8 @@ class PrometheusServer:
 
     def stop(self) -> None:
         """TERM the server (KILL after 10 s) and close its log."""
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(5)
+        if self.process is not None:
+            stop_process(self.process)
         if getattr(self, "_log", None):
             self._log.close()
 

@@ -8,12 +8,11 @@ Standard-IA, cold as S3 Glacier Instant Retrieval.
 
 from __future__ import annotations
 
-import os
 import shutil
 from decimal import Decimal
 from pathlib import Path
 
-from seedance_tasks.demo import DemoAirflow, DemoResult
+from seedance_tasks.demo import DemoAirflow, DemoResult, environment
 from seedance_tasks.units import format_size
 
 RUN = "tiny-gpt"
@@ -46,20 +45,12 @@ def demo(workspace: Path, airflow: DemoAirflow) -> DemoResult:
         "SEEDANCE__LIFECYCLE__TIERS__WARM_AFTER": "0",  # demo: every checkpoint is old enough to move;
         "SEEDANCE__LIFECYCLE__TIERS__COLD_AFTER": "1s",  # the latest stays hot (keep_latest_hot)
     }
-    saved = {key: os.environ.get(key) for key in overrides}
-    os.environ.update(overrides)
-    try:  # the tier locations stay configured while the demo restores from them
+    with environment(overrides):  # the tier locations stay configured while the demo restores from them
         dag_run = airflow.run("seedance_checkpoint_lifecycle", {
             "store": str(store), "run": RUN, "apply": True, "keep_last": 2, "keep_every": 40, "purge_older_than": "0",
         })
         report = airflow.xcom(dag_run, "report") or {}
         figures = _figures(report, store)
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
     did = (f"GC deleted {report.get('deleted', 0)} checkpoint(s), tiering moved {report.get('moved', 0)}"
            if report else "no report")
     return DemoResult("checkpoint lifecycle", "seedance_checkpoint_lifecycle", dag_run.state, did, figures,

@@ -17,7 +17,7 @@ from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
 
-from seedance_tasks.demo import DemoAirflow, DemoResult
+from seedance_tasks.demo import DemoAirflow, DemoResult, environment
 
 POLICY = {"SEEDANCE__SIGNALS__CHECKPOINT_MAX_PER_RUN": "4"}  # the demo's store keeps 6
 FIX_TASKS = ("fix_small_files", "fix_checkpoint_bloat")
@@ -90,9 +90,7 @@ def demo(workspace: Path, airflow: DemoAirflow) -> DemoResult:
     night = datetime.now(UTC).date()
     conf = {"date": night.isoformat(), "billing": _billing(folder, night), "lakes": [_lake(folder)],
             "checkpoints": _checkpoints(folder), "metrics": _metrics(folder, night), "out": str(folder / "out")}
-    saved = {key: os.environ.get(key) for key in POLICY}
-    os.environ.update(POLICY)
-    try:
+    with environment(POLICY):
         dag_run = airflow.run("seedance_signals", conf)
         summary = airflow.xcom(dag_run, "publish") or {}
         events = [airflow.xcom(dag_run, task) for task in FIX_TASKS]
@@ -101,12 +99,6 @@ def demo(workspace: Path, airflow: DemoAirflow) -> DemoResult:
             for target in event["targets"]:
                 fixed = airflow.run(target["dag_id"], target["conf"])
                 triggered.append((event["signal"], target, fixed.state))
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
     figures: list[tuple[str, str]] = []
     did = "no report"
     if summary:
