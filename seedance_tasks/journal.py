@@ -91,7 +91,18 @@ class Journal:
             "updated_at": datetime.now(UTC).isoformat(),
         }
 
-    def _save(self) -> None:
+    def _save(self, *, first: bool = False) -> None:
+        """Write the journal; after `begin`, only while it is still pending where we left it.
+
+        An attempt presumed dead may wake up after a newer attempt closed (recovered) its journal:
+        it must not write the journal back into `journal/` and resurrect what was undone.
+        """
+        if not first and not storage.is_file(self.root.fs, self.path):
+            raise IntegrityError(
+                f"journal {self.run_id} under {self.root.uri} was closed by another attempt "
+                "(a retry recovered it); this attempt stops without changing anything more",
+                hint="nothing to do: the attempt that recovered it has finished or undone this work",
+            )
         storage.write_json_atomic(self.root.fs, self.path, self.to_json())
 
     @classmethod
@@ -123,7 +134,7 @@ class Journal:
                 f"journal {run_id} already exists under {root.uri}; an attempt never overwrites another's",
                 hint="give each attempt its own journal id; recover() finishes the earlier one",
             )
-        journal._save()
+        journal._save(first=True)
         faults.point("journal.begun")
         return journal
 
@@ -139,7 +150,11 @@ class Journal:
         """Pass the point of no return, then publish and retire; safe to call again after a crash."""
         if self.state == WRITING:
             self.state = PUBLISHING
-            self._save()
+            try:
+                self._save()
+            except IntegrityError:
+                self.state = WRITING  # never passed the point of no return
+                raise
             faults.point("journal.publishing")
         if self.state != PUBLISHING:
             raise ValueError(f"journal {self.run_id} is {self.state}; nothing to commit")

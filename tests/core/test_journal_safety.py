@@ -177,3 +177,15 @@ def test_purge_frees_old_finished_journals_but_keeps_pending_ones(root):
     result = journal.purge_trash(root, 7 * 86400, now=later)
     assert result["journals_purged"] == 1 and journal.find(root, "run9") is None
     assert [item.run_id for item in journal.pending(root)] == ["run10"]
+
+
+def test_an_attempt_presumed_dead_cannot_resurrect_its_recovered_journal(root):
+    """A retry recovered (rolled back) attempt 1 while attempt 1 still ran: attempt 1 must stop."""
+    stale = journal.Journal.begin(root, "run11-a1", "test", [_stage(root, "f.txt", "f")], ["data/a.txt"])
+    assert journal.recover(root, "test", prefix="run11-") == [{"run_id": "run11-a1", "action": "rolled back"}]
+    with pytest.raises(IntegrityError, match="closed by another attempt"):
+        stale.commit()
+    with pytest.raises(IntegrityError, match="closed by another attempt"):
+        stale.add_publish("data/.g.staged", "data/g.txt")
+    assert journal.pending(root) == []
+    assert sorted(os.listdir(root.join("data"))) == ["a.txt", "b.txt"]
