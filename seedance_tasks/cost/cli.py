@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from seedance_tasks.cli_support import JSON_OPTION, console, emit, handle_errors, progress, table
+from seedance_tasks.cli_support import JSON_OPTION, console, emit, err_console, handle_errors, progress, table
 
 app = typer.Typer(help="Cost recovery: monthly chargeback and backfill.", no_args_is_help=True)
 
@@ -23,16 +23,31 @@ def recover(
     apply: bool = typer.Option(False, "--apply", help="tag idle resources, freeze quotas, notify (else dry-run)"),
     backfill: bool = typer.Option(None, "--backfill/--current", help="force backfill mode (no side effects) or not; default: by month"),
     refresh: bool = typer.Option(False, "--refresh", help="re-query Cost Explorer for a closed month already cached"),
+    wait: str = typer.Option(None, "--wait", help="if another run holds the month's lease, wait up to this long: 30s, 10m"),
     as_json: bool = JSON_OPTION,
 ) -> None:
-    """Attribute a month's bill to owners; write allocations, statements, summary.json and a report."""
+    """Attribute a month's bill to owners; write allocations, statements, summary.json and a report.
+
+    One run per month and output root at a time: a second one is refused naming the holder of
+    the month's lease (or waits, --wait). A run killed at any moment is finished or rolled back
+    by the next run of the month.
+    """
     from seedance_tasks.cost import recover as recovery
+    from seedance_tasks.units import parse_duration
+
+    wait_s = parse_duration(wait) if wait else 0.0
 
     with progress(f"cost recovery {month}", len(recovery.STAGES), enabled=not as_json) as advance:
         result = recovery.recover_month(
             month=month, billing=billing, out=out, owners=owners, format=fmt, basis=basis, apply=apply,
             backfill=backfill, utilization=utilization, currency=currency, refresh=refresh, advance=advance,
+            wait_s=wait_s,
         )
+
+    from rich.markup import escape
+
+    for warning in result["summary"]["warnings"]:  # on stderr, so --json output stays one document
+        err_console.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False, soft_wrap=True)
 
     def render(res: dict) -> None:
         from decimal import Decimal

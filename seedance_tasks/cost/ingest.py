@@ -15,7 +15,7 @@ import json
 import posixpath
 from collections.abc import Iterator
 from datetime import UTC, datetime
-from decimal import Decimal
+from decimal import Decimal, localcontext
 from typing import Any
 
 import numpy as np
@@ -24,7 +24,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from seedance_tasks import storage
-from seedance_tasks.cost.money import MONEY, SCALE, parse_amount
+from seedance_tasks.cost.money import CONTEXT, LIMIT, MAX_DIGITS, MONEY, float_amount, parse_amount
 from seedance_tasks.errors import InputError, UsageError
 
 TS = pa.timestamp("us", tz="UTC")
@@ -49,6 +49,8 @@ REQUIRED = ["ChargePeriodStart", "BillingCurrency", "BilledCost", "EffectiveCost
 READ_COLUMNS = [*REQUIRED, "ChargePeriodEnd", *TEXT_COLUMNS, "x_Estimated"]
 NULL_STRINGS = ["NULL", "null", ""]
 _ZONE = r"([Zz]|[+-]\d\d:?\d\d)$"
+_FIRST = pa.scalar(datetime(1, 1, 1, tzinfo=UTC), TS)
+_LAST = pa.scalar(datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=UTC), TS)
 
 Rejected = list[dict[str, Any]]
 
@@ -57,16 +59,39 @@ Rejected = list[dict[str, Any]]
 
 
 def _money(values: pa.Array) -> tuple[pa.Array, dict[int, str]]:
-    """`values` as MONEY; bad ones become null and are returned as {index: reason}."""
-    if pa.types.is_floating(values.type):  # CUR and some exports: round off binary noise first
-        values = pc.cast(pc.round(values, SCALE), pa.string())
+    """`values` as MONEY, exactly; bad ones become null and are returned as {index: reason}.
+
+    Strings and decimals are cast by Arrow (all-or-nothing); when that fails, value by value with
+    `parse_amount`, which accepts the same values and says why about the others. Floats become
+    their shortest repr first (`money.float_amount`), never through a rounding kernel.
+    """
     if pa.types.is_dictionary(values.type):
         values = values.dictionary_decode()
+    parse = lambda item: parse_amount(str(item))  # noqa: E731
+    if pa.types.is_floating(values.type):
+        values, parse = _shortest_repr(values), lambda item: float_amount(float(item))
     try:
-        return pc.cast(values, MONEY), {}
+        money = pc.cast(values, MONEY)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-        pass
-    return _parse_each(values, lambda item: parse_amount(str(item)), MONEY)
+        return _parse_each(values, parse, MONEY)
+    too_big = pc.greater_equal(pc.abs(money), pa.scalar(LIMIT, MONEY))
+    if not pc.any(too_big).as_py():
+        return money, {}
+    bad = {int(index): f"out of range: {str(values[int(index)].as_py())!r} (an amount is below 1e{MAX_DIGITS})"
+           for index in np.flatnonzero(pc.fill_null(too_big, False).to_numpy(zero_copy_only=False))}
+    return pc.if_else(too_big, pa.scalar(None, MONEY), money), bad
+
+
+def _shortest_repr(values: pa.Array) -> pa.Array:
+    """Floats as the strings Python's `repr` (float64) or NumPy (float16/32) gives: the shortest
+    that reads back as the same float."""
+    if values.type == pa.float64():
+        text = [None if item is None else repr(item) for item in values.to_pylist()]
+    else:
+        valid = values.is_valid().to_numpy(zero_copy_only=False)
+        numbers = values.fill_null(0).to_numpy(zero_copy_only=False)
+        text = [str(item) if ok else None for item, ok in zip(numbers, valid, strict=True)]
+    return pa.array(text, pa.string())
 
 
 def _parse_each(values: pa.Array, parse, kind: pa.DataType) -> tuple[pa.Array, dict[int, str]]:
@@ -91,17 +116,30 @@ def _parse_ts(text: str) -> datetime:
         body = body[:-1] + "+00:00"
     try:
         value = datetime.fromisoformat(body)
-    except ValueError:
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+    except (ValueError, OverflowError):
         raise ValueError(f"not a timestamp: {text!r}") from None
-    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 
 def _timestamps(values: pa.Array) -> tuple[pa.Array, dict[int, str]]:
-    """`values` as UTC timestamps (`2024-09-18 22:00:00`, `...T...Z`, offsets); bad ones null + reason."""
+    """`values` as UTC timestamps (`2024-09-18 22:00:00`, `...T...Z`, offsets); bad ones null + reason.
+
+    Instants outside years 1..9999 (UTC) are bad too: Python cannot represent them.
+    """
+    stamps, bad = _timestamps_unchecked(values)
+    outside = pc.invert(pc.fill_null(pc.and_(pc.greater_equal(stamps, _FIRST), pc.less_equal(stamps, _LAST)), True))
+    if not pc.any(outside).as_py():
+        return stamps, bad
+    for index in np.flatnonzero(outside.to_numpy(zero_copy_only=False)):
+        bad[int(index)] = f"out of range (years 1-9999 UTC): {str(values[int(index)])!r}"
+    return pc.if_else(outside, pa.scalar(None, TS), stamps), bad
+
+
+def _timestamps_unchecked(values: pa.Array) -> tuple[pa.Array, dict[int, str]]:
     if pa.types.is_timestamp(values.type):
         if values.type.tz is None:
-            return pc.cast(pc.assume_timezone(values, "UTC"), TS), {}
-        return pc.cast(values, TS), {}
+            return pc.cast(pc.assume_timezone(values, "UTC"), TS, safe=False), {}
+        return pc.cast(values, TS, safe=False), {}
     if pa.types.is_date(values.type):
         return pc.cast(pc.cast(values, pa.timestamp("us")), TS), {}
     if pa.types.is_dictionary(values.type):
@@ -117,11 +155,41 @@ def _timestamps(values: pa.Array) -> tuple[pa.Array, dict[int, str]]:
     return _parse_each(values, _parse_ts, TS)
 
 
+_FLAGS = {"true": True, "false": False, "1": True, "0": False}
+
+
+def _flag(text: str) -> bool:
+    try:
+        return _FLAGS[str(text).strip().lower()]
+    except KeyError:
+        raise ValueError(f"not true/false: {text!r}") from None
+
+
+def _flags(values: pa.Array) -> tuple[pa.Array, dict[int, str]]:
+    """`values` as booleans (true/false/1/0, any case); bad ones null + reason."""
+    if pa.types.is_dictionary(values.type):
+        values = values.dictionary_decode()
+    try:
+        return pc.cast(values, pa.bool_()), {}
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        return _parse_each(values, _flag, pa.bool_())
+
+
 def _text(values: pa.Array) -> pa.Array:
     """`values` as plain strings."""
     if pa.types.is_dictionary(values.type):
         values = values.dictionary_decode()
     return values if values.type == pa.string() else pc.cast(values, pa.string())
+
+
+def _blank_as_null(values: pa.Array) -> pa.Array:
+    """Text `values` with empty or whitespace-only strings as nulls (other types as they are)."""
+    if pa.types.is_dictionary(values.type):
+        values = values.dictionary_decode()
+    if not (pa.types.is_string(values.type) or pa.types.is_large_string(values.type)):
+        return values
+    blank = pc.equal(pc.utf8_trim_whitespace(values), "")
+    return pc.if_else(blank, pa.scalar(None, values.type), values)
 
 
 def as_dict(values: pa.Array) -> pa.Array:
@@ -142,17 +210,17 @@ def per_value(values: pa.Array, function) -> pa.Array:
 
 def normalise(
     columns: dict[str, pa.Array], first_row: int, source: str, *, default_currency: str | None = None,
-    costs: tuple[str, ...] = ("BilledCost", "EffectiveCost"),
+    costs: tuple[str, ...] = ("BilledCost", "EffectiveCost"), known: dict[int, tuple[str, str]] | None = None,
 ) -> tuple[pa.RecordBatch, Rejected]:
     """One batch of FOCUS-named columns as LINES, and the rows rejected with their reasons.
 
     A missing or malformed required value (ChargePeriodStart, BillingCurrency, BilledCost,
     EffectiveCost) or a malformed ChargePeriodEnd rejects the row; the other rows go on. `costs`
     narrows the cost columns read and checked (an allocation on one basis needs only that one);
-    the other comes back null.
+    the other comes back null. `known` adds rejections the caller found ({index: (column, reason)}).
     """
     length = len(next(iter(columns.values()))) if columns else 0
-    reasons: dict[int, tuple[str, str]] = {}
+    reasons: dict[int, tuple[str, str]] = dict(known or {})
 
     def note(index: int, column: str, reason: str) -> None:
         reasons.setdefault(index, (column, reason))
@@ -197,8 +265,8 @@ def normalise(
         out[name], bad = _money(columns[name])
         for index, reason in bad.items():
             note(index, name, f"malformed {name}: {reason}")
-    if "ChargePeriodEnd" in columns:
-        _, bad = _timestamps(columns["ChargePeriodEnd"])
+    if "ChargePeriodEnd" in columns:  # optional: a blank one is as good as none
+        _, bad = _timestamps(_blank_as_null(columns["ChargePeriodEnd"]))
         for index, reason in bad.items():
             note(index, "ChargePeriodEnd", f"malformed ChargePeriodEnd: {reason}")
     for name in DICT_COLUMNS:
@@ -206,7 +274,12 @@ def normalise(
     for name in PLAIN_COLUMNS:
         out[name] = _text(columns[name]) if name in columns else pa.nulls(length, pa.string())
     estimated = columns.get("x_Estimated")
-    out["x_Estimated"] = pc.cast(estimated, pa.bool_()) if estimated is not None else pa.array(np.zeros(length, bool))
+    if estimated is None:
+        out["x_Estimated"] = pa.array(np.zeros(length, bool))
+    else:
+        out["x_Estimated"], bad = _flags(estimated)
+        for index, reason in bad.items():
+            note(index, "x_Estimated", f"malformed x_Estimated: {reason}")
     out["x_Row"] = pa.array(np.arange(first_row, first_row + length, dtype=np.int64))
 
     batch = pa.RecordBatch.from_arrays([out[field.name] for field in LINES], schema=LINES)
@@ -241,17 +314,33 @@ def billing_files(uri: str) -> list[tuple[storage.Location, str]]:
     return [(location, info.path) for info in files]
 
 
-def _csv_header(fs, path: str) -> list[str]:
+def _wanted(source: str, names: list[str], columns: list[str]) -> list[str]:
+    """The `columns` among a file's column `names`; InputError if one of them appears twice."""
+    wanted = [name for name in names if name in columns]
+    for name in dict.fromkeys(wanted):
+        if wanted.count(name) > 1:
+            raise InputError(f"{source}: column {name!r} appears {wanted.count(name)} times in the header",
+                             hint="remove or rename the duplicate: Seedance cannot tell which one holds the data")
+    return wanted
+
+
+def _csv_header(fs, path: str, source: str) -> list[str]:
     with fs.open_input_stream(path, compression="detect") as stream:
         head = stream.read(1 << 16).decode("utf-8-sig", errors="replace")
-    return [name.strip() for name in next(csv.reader(io.StringIO(head)))]
+    header = next(csv.reader(io.StringIO(head)), None)
+    if not header or not any(name.strip() for name in header):
+        raise InputError(f"{source}: empty file, no header line",
+                         hint="a FOCUS CSV starts with a header naming its columns: " + ", ".join(REQUIRED))
+    return [name.strip() for name in header]
 
 
-def _csv_batches(fs, path: str, batch_rows: int, columns: list[str]) -> Iterator[dict[str, pa.Array]]:
+def _csv_batches(fs, path: str, source: str, batch_rows: int, columns: list[str]) -> Iterator[dict[str, pa.Array]]:
     import pyarrow.csv as pacsv
 
-    header = _csv_header(fs, path)
-    wanted = [name for name in header if name in columns]
+    header = _csv_header(fs, path, source)
+    wanted = _wanted(source, header, columns)
+    if not wanted:
+        return
     stream = fs.open_input_stream(path, compression="detect")
     reader = pacsv.open_csv(
         stream,
@@ -284,11 +373,15 @@ def _csv_batches(fs, path: str, batch_rows: int, columns: list[str]) -> Iterator
         stream.close()
 
 
-def _parquet_batches(fs, path: str, batch_rows: int, columns: list[str]) -> Iterator[dict[str, pa.Array]]:
+def _parquet_batches(fs, path: str, source: str, batch_rows: int, columns: list[str]) -> Iterator[dict[str, pa.Array]]:
     handle = fs.open_input_file(path)
     try:
-        parquet = pq.ParquetFile(handle, read_dictionary=["BillingCurrency", *DICT_COLUMNS], pre_buffer=True)
-        wanted = [name for name in parquet.schema_arrow.names if name in columns]
+        names = pq.ParquetFile(handle).schema_arrow.names
+        wanted = _wanted(source, names, columns)
+        if not wanted:
+            return
+        dictionary = [name for name in ("BillingCurrency", *DICT_COLUMNS) if name in wanted]
+        parquet = pq.ParquetFile(handle, read_dictionary=dictionary, pre_buffer=True)
         for batch in parquet.iter_batches(batch_size=batch_rows, columns=wanted, use_threads=True):
             yield {name: batch.column(name) for name in wanted}
     finally:
@@ -311,14 +404,23 @@ def read_focus(
         raw = _parquet_batches if path.endswith(".parquet") else _csv_batches
         first = 1
         try:
-            for columns in raw(location.fs, path, batch_rows, wanted):
-                if not columns:
-                    raise InputError(f"{source}: none of the FOCUS columns {', '.join(REQUIRED)} found")
+            for columns in raw(location.fs, path, source, batch_rows, wanted):
                 batch, rejected = normalise(columns, first, source, default_currency=default_currency, costs=costs)
                 first += len(next(iter(columns.values())))
                 yield batch, rejected
         except (pa.ArrowInvalid, OSError) as exc:
             raise InputError(f"{source}: unreadable billing file ({exc})", hint="check the file's format") from None
+        if first == 1 and not _has_columns(location.fs, path, source, base, raw):
+            raise InputError(f"{source}: none of the FOCUS columns {', '.join(sorted(base))} found",
+                             hint="is this a FOCUS file? CUR 2.0 exports need --format cur")
+
+
+def _has_columns(fs, path: str, source: str, base: set[str], raw) -> bool:
+    """True if the file at `path` (which had no data rows) names at least one of the `base` columns."""
+    if raw is _csv_batches:
+        return bool(base & set(_csv_header(fs, path, source)))
+    with fs.open_input_file(path) as handle:
+        return bool(base & set(pq.ParquetFile(handle).schema_arrow.names))
 
 
 # --------------------------------------------------------------------------- AWS CUR 2.0
@@ -341,10 +443,10 @@ _CUR_CATEGORY = {
 
 
 def _dec(value: Any) -> Decimal:
-    """A CUR double as the Decimal it was meant to be (shortest repr, rounded to SCALE)."""
+    """A CUR amount as the Decimal it was meant to be (a double: its shortest repr); ValueError if none."""
     if value is None:
         return Decimal(0)
-    return round(Decimal(repr(value)) if isinstance(value, float) else Decimal(str(value)), SCALE)
+    return float_amount(value) if isinstance(value, float) else parse_amount(str(value))
 
 
 def cur_amortized(line: dict[str, Any]) -> Decimal | None:
@@ -354,7 +456,7 @@ def cur_amortized(line: dict[str, Any]) -> Decimal | None:
     commitment (total commitment to date - used); SavingsPlanNegation and SavingsPlanUpfrontFee
     -> 0 (the covered usage carries it); DiscountedUsage -> the reservation's effective cost;
     RIFee -> unused amortized upfront + unused recurring fee; a reservation's upfront Fee -> 0;
-    anything else -> unblended cost.
+    anything else -> unblended cost. ValueError (saying which value) for an amount that is not one.
     """
     kind = line.get("line_item_line_item_type")
     if kind == "SavingsPlanCoveredUsage":
@@ -400,16 +502,19 @@ def read_cur(uri: str, *, batch_rows: int = 500_000) -> Iterator[tuple[pa.Record
             first = 1
             for batch in parquet.iter_batches(batch_size=batch_rows, columns=wanted):
                 lines = batch.to_pylist()
-                billed, effective = [], []
-                for line in lines:
-                    unblended = line.get("line_item_unblended_cost")
-                    billed.append(None if unblended is None else str(_dec(unblended)))
-                    amortized = cur_amortized(line)
-                    effective.append(None if amortized is None else str(amortized))
+                effective, bad = [], {}
+                with localcontext(CONTEXT):
+                    for index, line in enumerate(lines):
+                        try:
+                            amortized = cur_amortized(line)
+                        except ValueError as exc:
+                            amortized = None
+                            bad[index] = ("EffectiveCost", f"malformed EffectiveCost (amortized): {exc}")
+                        effective.append(None if amortized is None else str(amortized))
                 columns = {
                     "ChargePeriodStart": batch.column("line_item_usage_start_date"),
                     "BillingCurrency": batch.column("line_item_currency_code"),
-                    "BilledCost": pa.array(billed, pa.string()),
+                    "BilledCost": batch.column("line_item_unblended_cost"),
                     "EffectiveCost": pa.array(effective, pa.string()),
                     "BillingAccountId": pa.array([line.get("bill_payer_account_id") for line in lines], pa.string()),
                     "SubAccountId": pa.array([line.get("line_item_usage_account_id") for line in lines], pa.string()),
@@ -426,7 +531,7 @@ def read_cur(uri: str, *, batch_rows: int = 500_000) -> Iterator[tuple[pa.Record
                 }
                 if "line_item_usage_end_date" in wanted:
                     columns["ChargePeriodEnd"] = batch.column("line_item_usage_end_date")
-                out, rejected = normalise(columns, first, source)
+                out, rejected = normalise(columns, first, source, known=bad)
                 first += batch.num_rows
                 yield out, rejected
         finally:

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from decimal import Decimal, InvalidOperation
+import functools
+import math
+import re
+from collections.abc import Callable, Sequence
+from decimal import ROUND_HALF_EVEN, Context, Decimal, localcontext
 from fractions import Fraction
+from typing import Any, TypeVar
 
 import pyarrow as pa
 
@@ -13,26 +17,78 @@ SCALE = 12
 MONEY = pa.decimal128(38, SCALE)
 QUANTUM = Decimal(1).scaleb(-SCALE)
 ZERO = Decimal(0)
+MAX_DIGITS = 18
+"""Digits before the point of one line's amount: |amount| < 10**18. Arrow sums a batch in MONEY
+(38 digits, 26 before the point) and wraps around silently past it; this bound keeps any batch
+of up to 10**8 lines exact."""
+LIMIT = Decimal(10) ** MAX_DIGITS
+CONTEXT = Context(prec=100, Emax=10**6, Emin=-(10**6))
+"""Decimal arithmetic on amounts: wide enough that sums of MONEY values never round (Python's
+default context keeps 28 digits, which rounds a 12-place sum past 10**16)."""
+_NUMBER = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def exact(func: F) -> F:
+    """Run `func` under CONTEXT (thread-local; restored afterwards)."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        with localcontext(CONTEXT):
+            return func(*args, **kwargs)
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _places(value: Decimal) -> int:
+    """Decimal places `value` really has (trailing zeros do not count), without any rounding."""
+    _, digits, exponent = value.as_tuple()
+    stripped = len(digits) - len("".join(map(str, digits)).rstrip("0"))
+    return 0 if stripped == len(digits) else max(0, -(exponent + stripped))
+
+
+def _checked(value: Decimal, text: str) -> Decimal:
+    """`value` if MONEY holds it exactly (at most SCALE places, |value| < LIMIT); else ValueError."""
+    if _places(value) > SCALE:
+        raise ValueError(f"more than {SCALE} decimal places: {text!r}")
+    if value and value.adjusted() >= MAX_DIGITS:
+        raise ValueError(f"out of range: {text!r} (an amount is below 1e{MAX_DIGITS})")
+    if value.as_tuple().exponent < -SCALE:  # trailing zeros only: 1.0000000000000 -> 1.000000000000
+        value = value.quantize(QUANTUM, context=CONTEXT)
+    return value
 
 
 def parse_amount(text: str) -> Decimal:
-    """`text` as an exact Decimal with at most SCALE places; ValueError saying why if not."""
-    try:
-        value = Decimal(text.strip())
-    except (InvalidOperation, AttributeError):
-        raise ValueError(f"not a number: {text!r}") from None
-    if not value.is_finite():
-        raise ValueError(f"not a finite number: {text!r}")
-    if value != value.quantize(QUANTUM, rounding="ROUND_HALF_EVEN"):
-        raise ValueError(f"more than {SCALE} decimal places: {text!r}")
-    return value
+    """`text` as an exact Decimal with at most SCALE places; ValueError saying why if not.
+
+    Accepts plain decimals with an optional sign and exponent (`-1.5`, `.5`, `2e-3`) around
+    whitespace, exactly what Arrow's decimal cast accepts and a little more; never rounds.
+    """
+    body = text.strip() if isinstance(text, str) else None
+    if body is None or not _NUMBER.fullmatch(body):
+        if body and body.lstrip("+-").lower() in ("nan", "inf", "infinity", "snan"):
+            raise ValueError(f"not a finite number: {text!r}")
+        raise ValueError(f"not a number: {text!r}")
+    return _checked(Decimal(body), text)
+
+
+def float_amount(value: float) -> Decimal:
+    """A binary float as the Decimal it stands for: its shortest repr (`0.1` -> `0.1`, never
+    `0.1000000000000000055...`), rounded half-even to SCALE places only where that repr has more
+    (what is left there is binary noise). ValueError for NaN, infinities and out-of-range values."""
+    if not math.isfinite(value):
+        raise ValueError(f"not a finite number: {value!r}")
+    amount = Decimal(repr(value))
+    if _places(amount) > SCALE:
+        amount = amount.quantize(QUANTUM, rounding=ROUND_HALF_EVEN, context=CONTEXT)
+    return _checked(amount, repr(value))
 
 
 def fmt(value: Decimal) -> str:
     """A canonical decimal string: no exponent, no trailing zeros past the point (`12.5`, `0`, `-3`)."""
     if value == 0:
         return "0"
-    return format(value.normalize(), "f")
+    return format(value.normalize(CONTEXT), "f")
 
 
 def largest_remainder(total: Decimal, weights: Sequence[Fraction | Decimal | int], quantum: Decimal) -> list[Decimal]:

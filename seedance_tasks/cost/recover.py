@@ -1,19 +1,25 @@
 """One month of cost recovery, as the stages the DAG runs: prepare -> ingest -> allocate -> rules
--> statements -> report (which publishes).
+-> statements -> check -> report (which publishes).
 
 Each stage reads and writes a hidden work folder `OUT/_seedance/cost-work/month=M/<run>/`, so the
-stages can run as separate Airflow tasks, and passes a small dict along. Outputs land in
-`OUT/month=M/` only at the end, through a journal: staged files are published (the files they
-replace are first copied to `OUT/_seedance/trash/<run-id>/`), then files of the old output that
-the new one no longer has retire to the trash. Re-running a month gives byte-identical files.
+stages can run as separate Airflow tasks, and passes a small dict along. Every stage runs under
+the month's lease (`OUT/_seedance/leases/month-M.json`): one writer per month, whoever starts it;
+every task and retry of one DAG run shares one holder. Intermediates are written atomically, so
+a retried stage simply writes them again. Outputs land in `OUT/month=M/` only at the end,
+through a journal of the report attempt's own (own id, own staged copies): the staged files are
+published (a file they replace goes to `OUT/_seedance/trash/<attempt>/` first), then files of the
+old output that the new one no longer has retire to the trash. A new attempt first rolls every
+interrupted journal of the month forward or back. Re-running a month gives byte-identical files.
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
 import posixpath
 import re
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -22,21 +28,28 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from seedance_tasks import journal, storage
+from seedance_tasks import faults, journal, lease, storage
 from seedance_tasks.cost.allocate import ALLOCATIONS, Attributor, Totals, in_month, shared_splits
 from seedance_tasks.cost.ingest import LINES, month_bounds
-from seedance_tasks.cost.money import fmt
+from seedance_tasks.cost.money import exact, fmt
 from seedance_tasks.cost.owners import load_owners
-from seedance_tasks.errors import UsageError
+from seedance_tasks.errors import InputError, IntegrityError, SeedanceError, UsageError
 
 WORK_DIR = f"{storage.SEEDANCE_DIR}/cost-work"
+EMPTY_MONTH = "no billing lines in"
 
 
 def journal_kind(month: str) -> str:
     """Journals are per month, so runs of different months (a backfill's) never recover each other's."""
     return f"cost-{month}"
+
+
+def lease_name(month: str) -> str:
+    """The month's lease: `OUT/_seedance/leases/month-YYYY-MM.json`."""
+    return f"month-{month}"
 
 MAX_REJECTED = 1000
 FORMATS = ("focus", "cur", "ce")
@@ -59,6 +72,12 @@ class Job:
     refresh: bool = False
     run_key: str = ""
     state: str = ""
+    holder: str = ""  # who holds the month's lease: the CLI run's id, or `airflow:<dag>:<run>`
+    wait_s: float = 0.0  # how long to wait for another holder's lease
+
+    @property
+    def lease_holder(self) -> str:
+        return self.holder or self.run_key
 
     @cached_property
     def root(self) -> storage.Location:
@@ -84,16 +103,17 @@ def last_closed_month(now: datetime) -> str:
     return (first - timedelta(days=1)).strftime("%Y-%m")
 
 
-def prepare(
+def describe(
     *, month: str, billing: str | None = None, out: str | None = None, owners: str | None = None, format: str = "focus",
     basis: str | None = None, apply: bool = False, backfill: bool | None = None,
     utilization: str | None = None, currency: str | None = None, refresh: bool = False,
-    run_key: str | None = None, now: datetime | None = None,
-) -> dict[str, Any]:
-    """Check the arguments, finish interrupted publishes under `out`, and describe the run.
+    run_key: str | None = None, now: datetime | None = None, holder: str | None = None, wait_s: float = 0.0,
+) -> Job:
+    """Check the arguments and describe the run (nothing is read or written yet).
 
     `backfill=None` decides by the month: older than the last closed month (relative to `now`)
-    is a backfill, which never tags, freezes or notifies.
+    is a backfill, which never tags, freezes or notifies. `holder` names the lease holder
+    (default: the run key); `wait_s` is how long to wait for another holder of the month.
     """
     settings = _settings()
     month_bounds(month)
@@ -115,11 +135,30 @@ def prepare(
     if backfill is None:
         backfill = month < last_closed_month(now)
     root = storage.resolve(out)
-    journal.recover(root, journal_kind(month))
     key = re.sub(r"[^A-Za-z0-9._-]+", "_", run_key) if run_key else storage.new_run_id(now)
     state = settings.state_uri or root.uri_of(root.join(storage.SEEDANCE_DIR, "cost"))
-    job = Job(month, billing, owners, out, format, basis, apply, bool(backfill), utilization, currency,
-              refresh, key, state)
+    return Job(month, billing, owners, out, format, basis, apply, bool(backfill), utilization, currency,
+               refresh, key, state, holder or "", float(wait_s))
+
+
+@contextmanager
+def month_lease(job: Job, *, release: bool = True) -> Iterator[lease.Lease]:
+    """Hold the month's lease for `job.lease_holder` (LeaseHeldError naming the other holder, or
+    wait up to `job.wait_s`); `release=False` keeps it for the next task of the same DAG run."""
+    with lease.holding(job.root, lease_name(job.month), holder=job.lease_holder,
+                       purpose=f"cost recovery {job.month}", wait_s=job.wait_s, release=release) as held:
+        yield held
+
+
+def prepare(*, release: bool = True, **kwargs: Any) -> dict[str, Any]:
+    """`describe` the run, then, under the month's lease, finish or undo interrupted publishes of the month.
+
+    Keyword arguments are those of `describe`. `release=False` keeps the lease for the next task
+    of the same holder (a DAG run's).
+    """
+    job = describe(**kwargs)
+    with month_lease(job, release=release):
+        journal.recover(job.root, journal_kind(job.month))
     return asdict(job)
 
 
@@ -144,17 +183,28 @@ def _batches(job: Job, settings, info: dict[str, Any]):
         yield from ingest.read_cost_explorer(pages, group_tag=tag)
 
 
+@contextmanager
+def _parquet_output(root: storage.Location, path: str, schema: pa.Schema) -> Iterator[pq.ParquetWriter]:
+    """A Parquet writer whose file appears at `path` whole or not at all (a retry just writes it again)."""
+    root.fs.create_dir(posixpath.dirname(path), recursive=True)
+    temp = path if root.is_s3 else storage.hidden_sibling(path)  # an S3 upload appears whole at close
+    with root.fs.open_output_stream(temp) as sink, pq.ParquetWriter(sink, schema, compression="zstd") as writer:
+        yield writer
+    if temp != path:
+        storage.move(root.fs, temp, path)
+    faults.point(f"cost.written.{posixpath.basename(path)}")
+
+
+@exact
 def ingest_stage(data: dict[str, Any]) -> dict[str, Any]:
     """Read the billing source, keep the month's valid lines (hidden Parquet), record rejections."""
     job, settings = _job(data), _settings()
     start, end = month_bounds(job.month)
     root = job.root
-    path = job.work_path("lines.parquet")
-    root.fs.create_dir(posixpath.dirname(path), recursive=True)
     info: dict[str, Any] = {"rows_read": 0, "rows_in_month": 0}
     rejected: list[dict[str, Any]] = []
     rejected_count = 0
-    with root.fs.open_output_stream(path) as sink, pq.ParquetWriter(sink, LINES, compression="zstd") as writer:
+    with _parquet_output(root, job.work_path("lines.parquet"), LINES) as writer:
         for batch, bad in _batches(job, settings, info):
             info["rows_read"] += len(batch) + len(bad)
             for item in bad:
@@ -174,6 +224,7 @@ def ingest_stage(data: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
+@exact
 def allocate_stage(data: dict[str, Any]) -> dict[str, Any]:
     """Attribute the month's lines (shared splits, tags, CMDB rules) and total them per owner."""
     job, settings = _job(data), _settings()
@@ -185,8 +236,7 @@ def allocate_stage(data: dict[str, Any]) -> dict[str, Any]:
     root = job.root
     source = root.fs.open_input_file(job.work_path("lines.parquet"))
     try:
-        with root.fs.open_output_stream(job.work_path("allocations.parquet")) as sink, \
-                pq.ParquetWriter(sink, ALLOCATIONS, compression="zstd") as writer:
+        with _parquet_output(root, job.work_path("allocations.parquet"), ALLOCATIONS) as writer:
             for batch in pq.ParquetFile(source).iter_batches(batch_size=settings.batch_rows):
                 for out in attributor.attribute(batch):
                     totals.add(out)
@@ -241,6 +291,7 @@ def _month_resources(job: Job) -> list[str]:
     return sorted(found)
 
 
+@exact
 def rules_stage(data: dict[str, Any], *, tagger=None) -> dict[str, Any]:
     """Idle and over-budget findings for the month; their side effects only with apply, never in a backfill."""
     from seedance_tasks.cost import rules
@@ -275,13 +326,17 @@ def _safe(owner: str) -> str:
     return re.sub(r"[^A-Za-z0-9._@-]+", "_", owner).lstrip("._") or "owner"
 
 
+@exact
 def statements_stage(data: dict[str, Any]) -> dict[str, Any]:
-    """One CSV statement per owner (and one for unallocated) and summary.json, staged."""
-    import csv
-    import io
+    """One CSV statement per owner (and one for unallocated) and summary.json (written last), staged.
+
+    What an earlier attempt staged goes to the trash first, so nothing stale is ever published.
+    """
+    from seedance_tasks.cost.statements import statement
 
     job = _job(data)
     root = job.root
+    _retire_tree(job, "out", storage.new_run_id())
     keys = ["x_Owner", "BillingCurrency", "ServiceName", "x_OwnerSource", "AllocatedMethodId"]
     groups: dict[tuple, list] = {}
     for batch in _allocation_batches(job, [*keys, "x_Cost", "BilledCost"]):
@@ -297,24 +352,11 @@ def statements_stage(data: dict[str, Any]) -> dict[str, Any]:
         per_owner.setdefault(key[0], []).append((key, groups[key]))
     written = []
     for owner, rows in per_owner.items():
-        buffer = io.StringIO()
-        out = csv.writer(buffer, lineterminator="\n")
-        out.writerow(["month", "owner", "currency", "service", "attributed_by", "allocation_method",
-                      "lines", f"charged_{job.basis}", "invoice_BilledCost"])
-        totals: dict[str, list] = {}
-        for key, (cost, billed, count) in rows:
-            out.writerow([job.month, owner or "unallocated", key[1], key[2] or "", key[3] or "", key[4] or "",
-                          count, fmt(cost), fmt(billed)])
-            entry = totals.setdefault(key[1], [Decimal(0), Decimal(0), 0])
-            entry[0] += cost
-            entry[1] += billed
-            entry[2] += count
-        for currency, (cost, billed, count) in sorted(totals.items()):
-            out.writerow([job.month, owner or "unallocated", currency, "TOTAL", "", "", count, fmt(cost), fmt(billed)])
         name = "unallocated.csv" if owner is None else f"owner={_safe(owner)}.csv"
         if name in written:  # two owners that only differ in characters a file name cannot hold
             name = f"owner={_safe(owner)}-{hashlib.sha256(owner.encode()).hexdigest()[:8]}.csv"
-        storage.write_bytes_atomic(root.fs, job.work_path("out", "statements", name), buffer.getvalue().encode())
+        storage.write_bytes_atomic(root.fs, job.work_path("out", "statements", name),
+                                   statement(job.month, owner, job.basis, rows))
         written.append(name)
 
     ingest = storage.read_json(root.fs, job.work_path("ingest.json"))
@@ -343,7 +385,7 @@ def statements_stage(data: dict[str, Any]) -> dict[str, Any]:
         "tag_conflicts": {"count": totals_json["conflicts"], "sample": totals_json["conflict_sample"]},
         "malformed_tags_rows": totals_json["malformed_tags"],
         "shared": totals_json["shared"],
-        "warnings": totals_json["warnings"],
+        "warnings": _empty_month_warning(job, ingest) + totals_json["warnings"],
         "estimated": totals_json["estimated"] or bool(ingest.get("cost_explorer", {}).get("estimated")),
         "by_service": _by_service(totals_json),
         "idle": findings["idle"],
@@ -352,11 +394,32 @@ def statements_stage(data: dict[str, Any]) -> dict[str, Any]:
     for currency, entry in summary["currencies"].items():  # the invariant, checked before anything is published
         allocated = sum((Decimal(v) for v in entry["by_owner"].values()), Decimal(entry["unallocated"]))
         if allocated != Decimal(entry["total"]):
-            from seedance_tasks.errors import IntegrityError
-
             raise IntegrityError(f"{job.month} {currency}: owners + unallocated {allocated} != total {entry['total']}")
     storage.write_json_atomic(root.fs, job.work_path("out", "summary.json"), summary)
     return {"statements": len(written), "currencies": {c: e["total"] for c, e in summary["currencies"].items()}}
+
+
+def _empty_month_warning(job: Job, ingest: dict[str, Any]) -> list[str]:
+    """A warning when the month has no valid billing line at all (an empty report is rarely what was meant)."""
+    if ingest["rows_in_month"]:
+        return []
+    rejected = f", {ingest['rejected_count']:,} of them rejected" if ingest["rejected_count"] else ""
+    return [f"{EMPTY_MONTH} {job.month}: {ingest['rows_read']:,} rows read from {job.billing}{rejected}, "
+            f"none valid and dated in the month"]
+
+
+def check_stage(data: dict[str, Any]) -> dict[str, Any]:
+    """Decide on the staged month before it is published: its warnings, and with
+    `cost.fail_on_empty_month` an InputError (nothing published) when it has no billing line."""
+    job, settings = _job(data), _settings()
+    summary = storage.read_json(job.root.fs, job.work_path("out", "summary.json"))
+    warnings = summary["warnings"]
+    empty = [warning for warning in warnings if warning.startswith(EMPTY_MONTH)]
+    if empty and settings.fail_on_empty_month:
+        raise InputError(empty[0] + "; nothing published",
+                         hint="check the billing source and the month; to publish an empty month set "
+                         "cost.fail_on_empty_month: false")
+    return {"lines": summary["lines"], "warnings": warnings}
 
 
 def _by_service(totals_json: dict[str, Any]) -> dict[str, dict[str, str]]:
@@ -366,14 +429,38 @@ def _by_service(totals_json: dict[str, Any]) -> dict[str, dict[str, str]]:
     return result
 
 
+def _retire_tree(job: Job, relative: str, trash_id: str) -> int:
+    """Move every file under the work folder's `relative` (`""`: all of it) to the trash, its
+    `summary.json` first (the mark of a complete staged output); empty local folders go too."""
+    folder = job.root.child(job.work, relative) if relative else job.root.child(job.work)
+    files = sorted(storage.list_files(folder, include_hidden=True),
+                   key=lambda info: (not info.path.endswith("/out/summary.json"), info.path))
+    for info in files:
+        storage.move_to_trash(job.root, job.root.relative(info.path), trash_id)
+    if not job.root.is_s3:
+        for directory, _, _ in sorted(os.walk(folder.path), reverse=True):
+            journal.prune_empty_dirs(job.root, job.root.relative(directory))
+    return len(files)
+
+
+@exact
 def report_stage(data: dict[str, Any]) -> dict[str, Any]:
-    """Write report.html, then publish the month's outputs atomically (old ones to the trash)."""
+    """Render report.html, then publish the month's staged outputs atomically (old ones to the trash).
+
+    Attempt-safe: the month's interrupted journals are rolled forward or back first; a staged
+    output that is still there is published (again) by this attempt's own journal; none there
+    means an earlier attempt published it and only its leftovers are cleaned up.
+    """
     from seedance_tasks.cost.report import render_report
 
     job = _job(data)
     root = job.root
+    recovered = journal.recover(root, journal_kind(job.month))
+    final_dir = f"month={job.month}"
     if not storage.is_file(root.fs, job.work_path("out", "summary.json")):  # a retry after publishing
-        return publish(job)
+        _retire_tree(job, "", storage.new_run_id())
+        return {"month": job.month, "published": [], "retired": [], "run_id": None, "recovered": recovered,
+                "out": root.uri_of(root.join(final_dir)), "note": "nothing staged: already published"}
     summary = storage.read_json(root.fs, job.work_path("out", "summary.json"))
     trend = []
     for info in storage.list_files(root):
@@ -382,63 +469,113 @@ def report_stage(data: dict[str, Any]) -> dict[str, Any]:
         if match and match.group(1) < job.month:
             trend.append(storage.read_json(root.fs, info.path))
     trend = sorted(trend, key=lambda item: item["month"])[-11:] + [summary]
-    html = render_report(summary, trend)
-    storage.write_bytes_atomic(root.fs, job.work_path("out", "report.html"), html.encode())
-    if storage.is_file(root.fs, job.work_path("allocations.parquet")):  # a retried task finds it moved
-        storage.move(root.fs, job.work_path("allocations.parquet"), job.work_path("out", "allocations.parquet"))
-    return publish(job)
+    result = publish(job, render_report(summary, trend).encode())
+    result["recovered"] = recovered
+    return result
 
 
-def publish(job: Job) -> dict[str, Any]:
-    """Replace OUT/month=M/ by the staged outputs through a journal; nothing is deleted."""
+def publish(job: Job, report_html: bytes) -> dict[str, Any]:
+    """Replace OUT/month=M/ by the staged outputs (+ `report_html`) through this attempt's own journal.
+
+    The attempt copies what it publishes into a folder of its own (`publish-<attempt>/`, hard
+    links on local disk), so the staged output stays whole for any later attempt; files of the
+    old output go to the trash, nothing is deleted; then the work folder goes to the trash too.
+    """
     root = job.root
-    staged_root = root.child(job.work, "out")
+    attempt = f"{storage.new_run_id()}-{job.run_key[:80]}".rstrip("._-")
+    staging = f"{job.work}/publish-{attempt}"
     final_dir = f"month={job.month}"
-    staged = [staged_root.relative(info.path) for info in storage.list_files(staged_root)]
-    if "summary.json" not in staged:  # published already (a retried task): never retire on an empty stage
-        return {"month": job.month, "published": [], "retired": [], "run_id": None,
-                "out": root.uri_of(root.join(final_dir)), "note": "nothing staged: already published"}
-    finals = {f"{final_dir}/{name}" for name in staged}
-    existing = [root.relative(info.path) for info in storage.list_files(root.child(final_dir))]
-    run_id = storage.new_run_id()
+    sources = {root.relative(info.path).removeprefix(f"{job.work}/out/"): info
+               for info in storage.list_files(root.child(job.work, "out"), include_hidden=False)}
+    sources["allocations.parquet"] = root.fs.get_file_info(job.work_path("allocations.parquet"))
+    names = sorted([*sources, "report.html"])
+    existing = {root.relative(info.path) for info in storage.list_files(root.child(final_dir))}
+    finals = {f"{final_dir}/{name}" for name in names}
     entry = journal.Journal.begin(
-        root, run_id, journal_kind(job.month),
-        [{"staged": f"{job.work}/out/{name}", "final": f"{final_dir}/{name}"} for name in staged],
-        [path for path in existing if path not in finals],
-        meta={"month": job.month},
+        root, attempt, journal_kind(job.month),
+        [{"staged": f"{staging}/{name}", "final": f"{final_dir}/{name}", "replace": f"{final_dir}/{name}" in existing}
+         for name in names],
+        sorted(existing - finals), meta={"month": job.month, "run_key": job.run_key},
     )
-    for path in existing:  # keep the version about to be overwritten
-        if path in finals:
-            target = root.join(storage.TRASH_DIR, run_id, path)
-            root.fs.create_dir(posixpath.dirname(target), recursive=True)
-            root.fs.copy_file(root.join(path), target)
+    for name, info in sources.items():
+        _stage_copy(root, info, root.join(staging, name))
+    storage.write_bytes_atomic(root.fs, root.join(staging, "report.html"), report_html)
+    _check_lease(job)
     entry.commit()
-    for info in storage.list_files(root.child(job.work), include_hidden=True):  # intermediates to the trash
-        storage.move_to_trash(root, root.relative(info.path), run_id)
-    if not root.is_s3 and not storage.list_files(root.child(job.work), include_hidden=True):
-        root.fs.delete_dir(root.join(job.work))  # only empty folders are left there
-    return {"month": job.month, "published": sorted(finals), "retired": entry.retires, "run_id": run_id,
+    _retire_tree(job, "", attempt)  # intermediates (and this attempt's empty staging folder) to the trash
+    return {"month": job.month, "published": sorted(finals), "retired": entry.retires, "run_id": attempt,
             "out": root.uri_of(root.join(final_dir))}
 
 
-STAGES = ("ingest", "allocate", "rules", "statements", "report")
+def _stage_copy(root: storage.Location, source, target: str) -> None:
+    """`source` (a FileInfo) copied to `target` (a hard link on local disk), verified by size."""
+    root.fs.create_dir(posixpath.dirname(target), recursive=True)
+    if source.type != pafs.FileType.File:
+        raise IntegrityError(f"cannot publish {source.path}: the staged file is missing",
+                             hint="rerun the month: its stages write it again")
+    if root.is_s3:
+        root.fs.copy_file(source.path, target)
+    else:
+        os.link(source.path, target)
+    faults.point("cost.staged")
+    copied = root.fs.get_file_info(target)
+    if copied.size != source.size:
+        raise IntegrityError(f"staged copy {target} has {copied.size} bytes, its source {source.size}")
+
+
+def _check_lease(job: Job) -> None:
+    """LeaseLostError unless the month's lease is still ours: called right before the point of no return."""
+    record = lease.current(job.root, lease_name(job.month))
+    if record is None or record.holder != job.lease_holder:
+        raise lease.LeaseLostError(
+            f"lease {lease_name(job.month)} of {job.root.uri} is no longer held by {job.lease_holder}: "
+            f"{record.describe() if record else 'nobody holds it'}",
+            hint="another run took the month over; nothing was published by this one")
+
+
+STAGES = ("ingest", "allocate", "rules", "statements", "check", "report")
+
+
+STAGE_FUNCTIONS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
+    "ingest": ingest_stage, "allocate": allocate_stage, "rules": rules_stage, "statements": statements_stage,
+    "check": check_stage, "report": report_stage,
+}
+
+
+def run_stage(stage: str, data: dict[str, Any], *, release: bool = False) -> dict[str, Any]:
+    """One stage of `data` (a Job dict) under the month's lease of `data["holder"]`: what a DAG task runs.
+
+    Running it again with the same inputs (Airflow's retry) is safe. `release=False` keeps the
+    lease for the next task of the same holder; the last task releases it.
+    """
+    if stage not in STAGE_FUNCTIONS:
+        raise UsageError(f"unknown cost stage {stage!r}", hint="one of " + ", ".join(STAGES))
+    with month_lease(_job(data), release=release) as held:
+        try:
+            return STAGE_FUNCTIONS[stage](data)
+        except SeedanceError as exc:
+            if not exc.retryable:  # no retry comes: the month is free for the next run at once
+                held.release()
+            raise
 
 
 def recover_month(tagger=None, advance: Callable[[int], None] | None = None, **kwargs: Any) -> dict[str, Any]:
     """Every stage of one month in process (what `seedance cost recover` runs); returns a summary.
 
-    Keyword arguments are those of `prepare`; `advance(1)` (a progress bar's) is called after
-    each of the `STAGES`.
+    Keyword arguments are those of `describe`; the month's lease is held from the start to the
+    end. `advance(1)` (a progress bar's) is called after each of the `STAGES`.
     """
-    job = prepare(**kwargs)
-    result: dict[str, Any] = {"month": job["month"], "backfill": job["backfill"], "apply": job["apply"]}
-    stages = {"ingest": ingest_stage, "allocate": allocate_stage,
-              "rules": lambda data: rules_stage(data, tagger=tagger),
-              "statements": statements_stage, "report": report_stage}
-    for name in STAGES:
-        result[name] = stages[name](job)
-        if advance:
-            advance(1)
-    root = storage.resolve(job["out"])
-    result["summary"] = storage.read_json(root.fs, root.join(f"month={job['month']}", "summary.json"))
+    job = describe(**kwargs)
+    data = asdict(job)
+    result: dict[str, Any] = {"month": job.month, "backfill": job.backfill, "apply": job.apply}
+    stages = {**STAGE_FUNCTIONS, "rules": lambda item: rules_stage(item, tagger=tagger)}
+    with month_lease(job) as held:
+        result["lease"] = {"name": lease_name(job.month), "holder": held.record.holder}
+        result["recovered"] = journal.recover(job.root, journal_kind(job.month))
+        for name in STAGES:
+            result[name] = stages[name](data)
+            if advance:
+                advance(1)
+    root = job.root
+    result["summary"] = storage.read_json(root.fs, root.join(f"month={job.month}", "summary.json"))
     return result

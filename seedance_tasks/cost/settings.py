@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from seedance_tasks.config import StrictModel
+from seedance_tasks.settings_base import StrictModel
 from seedance_tasks.units import Duration
 
 
@@ -25,7 +25,10 @@ class CostSettings(StrictModel):
     default_currency: str | None = Field(
         None, description="currency of billing files that have no BillingCurrency column at all"
     )
-    batch_rows: int = Field(500_000, gt=0, description="rows per batch; bounds memory, not the month size")
+    batch_rows: int = Field(500_000, gt=0, le=10**8, description="rows per batch; bounds memory, not the month size")
+    fail_on_empty_month: bool = Field(
+        False, description="a month without any valid billing line fails the run (nothing published); else a warning"
+    )
     # technical rule: idle resources
     idle_cpu_percent: Decimal = Field(Decimal("5"), description="idle if every daily CPU datapoint is below this")
     idle_days: int = Field(7, gt=0, description="days of datapoints (ending at the month's end) the rule looks at")

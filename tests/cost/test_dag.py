@@ -21,7 +21,7 @@ def test_dag_parses_with_monthly_data_interval_schedule(dagbag):
     dag = dagbag.dags[DAG_ID]
     assert isinstance(dag.timetable, CronDataIntervalTimetable)
     assert [task.task_id for task in dag.topological_sort()] == [
-        "prepare", "ingest", "allocate", "rules", "statements", "report"]
+        "prepare", "ingest", "allocate", "rules", "statements", "check", "report"]
     assert dag.max_active_runs == 1
     source = (Path(__file__).resolve().parents[2] / "dags" / "seedance_cost_recovery.py").read_text()
     for heavy in ("import pyarrow", "import duckdb", "import boto3", "import polars", "import pandas"):
@@ -66,3 +66,22 @@ def test_manual_month_param_and_rerun_is_identical(run_dag, tmp_path):
     after = {p.relative_to(out): p.read_bytes() for p in (out / "month=2024-08").rglob("*") if p.is_file()}
     assert before == after and len(before) >= 5
     assert xcom_value(second, "report")["month"] == "2024-08"
+
+
+def test_an_empty_month_warns_or_fails_the_check_task_as_config_says(run_dag, tmp_path, monkeypatch):
+    billing, owners = three_months(tmp_path)
+    out = tmp_path / "out"
+    conf = {"billing": str(billing), "owners": str(owners), "out": str(out), "month": "2023-01"}
+    warned = run_dag(DAG_ID, conf)
+    assert warned.state == "success"
+    assert xcom_value(warned, "check")["warnings"][0].startswith("no billing lines in 2023-01: 9 rows read")
+    published = {p.name: p.read_bytes() for p in (out / "month=2023-01").rglob("*") if p.is_file()}
+    assert "summary.json" in published
+
+    monkeypatch.setenv("SEEDANCE__COST__FAIL_ON_EMPTY_MONTH", "true")
+    failed = run_dag(DAG_ID, conf)
+    assert failed.state == "failed"
+    states = {ti.task_id: ti.state for ti in failed.get_task_instances()}
+    assert states["check"] == "failed" and states["report"] == "upstream_failed"
+    assert states["statements"] == "success"
+    assert {p.name: p.read_bytes() for p in (out / "month=2023-01").rglob("*") if p.is_file()} == published

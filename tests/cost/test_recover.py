@@ -8,7 +8,7 @@ from decimal import Decimal
 
 from typer.testing import CliRunner
 
-from seedance_tasks import journal, storage
+from seedance_tasks import journal, lease, storage
 from seedance_tasks.cli import app
 from seedance_tasks.cost import recover
 from seedance_tasks.cost.recover import recover_month
@@ -59,8 +59,8 @@ def _staged_month(tmp_path):
     owners = write_owners(tmp_path / "owners.yaml")
     out = tmp_path / "out"
     job = recover.prepare(month="2024-09", billing=str(billing), owners=str(owners), out=str(out))
-    for stage in (recover.ingest_stage, recover.allocate_stage, recover.rules_stage, recover.statements_stage):
-        stage(job)
+    for stage in ("ingest", "allocate", "rules", "statements", "check"):
+        recover.run_stage(stage, job, release=True)
     return job, out
 
 
@@ -111,9 +111,9 @@ def test_cli_recover_json_and_errors(tmp_path):
 
 def test_a_retried_report_task_never_retires_the_published_month(tmp_path):
     job, out = _staged_month(tmp_path)
-    assert recover.report_stage(job)["published"]
+    assert recover.run_stage("report", job)["published"]
     before = _files(out / "month=2024-09")
-    again = recover.report_stage(job)  # Airflow retries the task after it had published
+    again = recover.run_stage("report", job)  # Airflow retries the task after it had published
     assert again["published"] == [] and again["retired"] == []
     assert _files(out / "month=2024-09") == before
 
@@ -127,3 +127,29 @@ def test_owner_names_that_collide_as_file_names_get_their_own_statements(tmp_pat
     assert len(statements) == 2
     assert {row.split(",")[1] for path in statements for row in path.read_text().splitlines()[1:]} == {
         "data eng", "data/eng"}
+
+
+def test_a_second_run_of_a_month_is_refused_naming_the_holder_or_waits(tmp_path, request):
+    """Local disk and S3 (moto_server) through the same code: the month's lease decides."""
+    for out in (str(tmp_path / "out"), None):
+        if out is None:
+            bucket = request.getfixturevalue("s3_bucket")
+            out = f"s3://{bucket}/chargeback"
+        billing = write_focus(tmp_path / "b.csv", [line("2024-09-01 00:00:00", "5", tags={"owner": "a"})])
+        owners = write_owners(tmp_path / "owners.yaml")
+        root = storage.resolve(out)
+        held = lease.acquire(root, recover.lease_name("2024-09"), holder="airflow:seedance_cost_recovery:nightly",
+                             purpose="cost recovery 2024-09", detached=True)
+        args = ["cost", "recover", "--month", "2024-09", "--billing", str(billing), "--owners", str(owners),
+                "--out", out]
+        for extra in ([], ["--wait", "1s"]):
+            refused = CliRunner().invoke(app, args + extra)
+            assert refused.exit_code == 5, refused.output
+            assert "held by airflow:seedance_cost_recovery:nightly" in refused.output and "since" in refused.output
+            assert "hint:" in refused.output and "Traceback" not in refused.output
+        assert not storage.list_files(root.child("month=2024-09"))  # the refused runs wrote nothing
+        held.release()
+        done = CliRunner().invoke(app, args + ["--json"])
+        assert done.exit_code == 0, done.output
+        assert json.loads(done.stdout)["summary"]["currencies"]["USD"]["by_owner"] == {"a": "5"}
+        assert lease.current(root, recover.lease_name("2024-09")) is None  # released at the end
