@@ -1,4 +1,5 @@
-"""The Seedance dashboard in Airflow's UI: cost, savings and data safety (`seedance_tasks.dashboard`).
+"""The Seedance dashboard in Airflow's UI: cost, savings, training, open findings and data safety
+(`seedance_tasks.dashboard`).
 
 Served by the plugin in `plugins/seedance_plugin.py` under `/seedance/`, behind Airflow's own
 login: plugin endpoints are not protected by Airflow on their own, so the app itself requires a
@@ -10,12 +11,14 @@ from __future__ import annotations
 
 import re
 from datetime import UTC, datetime
+from decimal import Decimal
 from html import escape
 from typing import Any
 
 from seedance_tasks.dashboard import pages, svg
 from seedance_tasks.dashboard.safety import root_status
-from seedance_tasks.dashboard.sources import Sources, find_sources
+from seedance_tasks.dashboard.signals import at_stake_by_currency
+from seedance_tasks.dashboard.sources import FINDINGS, RUN_LOGS, Sources, find_sources
 from seedance_tasks.errors import SeedanceError
 
 MONTH = re.compile(r"\d{4}-(0[1-9]|1[0-2])")
@@ -55,6 +58,39 @@ def cost_sections(sources: Sources, now: datetime | None = None) -> tuple[list[s
     return sections, views
 
 
+def training_roots(sources: Sources) -> list[tuple[Any, list | None, list[str]]]:
+    """(root, runs, error lines) of every training log root: an unreadable root or run says so."""
+    from seedance_tasks.dashboard.training import training_runs
+
+    result = []
+    for root in sources.of("training", RUN_LOGS):
+        try:
+            result.append((root, *training_runs(root.uri)))
+        except (SeedanceError, OSError, ValueError) as exc:
+            result.append((root, None, [_failure(exc)]))
+    return result
+
+
+def findings_roots(sources: Sources) -> list[tuple[Any, list | None, str | None]]:
+    """(root, open findings, error) of every signals root."""
+    from seedance_tasks.dashboard.signals import open_findings
+
+    result = []
+    for root in sources.of("signals", FINDINGS):
+        try:
+            result.append((root, open_findings(root.uri), None))
+        except (SeedanceError, OSError) as exc:
+            result.append((root, None, _failure(exc)))
+    return result
+
+
+def findings_sections(sources: Sources) -> list[str]:
+    """The HTML section of every signals root (its error box when unreadable)."""
+    return [pages.findings_section(root, findings) if error is None
+            else f"<h2>{escape(root.uri)}</h2>" + pages.error_box(error)
+            for root, findings, error in findings_roots(sources)]
+
+
 def savings_result() -> tuple[dict | None, str | None]:
     from seedance_tasks.dashboard.airflow_runs import report_runs
     from seedance_tasks.dashboard.savings import PIPELINES, savings
@@ -75,7 +111,7 @@ def dag_runs() -> tuple[list[dict] | None, str | None]:
 
 
 def overview() -> str:
-    """Headline figures of the three pages, and the roots read."""
+    """Headline figures of the pages, and the roots read."""
     sources = find_sources()
     _, views = cost_sections(sources)
     cards = []
@@ -88,11 +124,19 @@ def overview() -> str:
     if result and result["totals"]:
         month, total = list(result["totals"].items())[-1]
         cards.append((f"Saved {month} (a month)", svg.money(total, "USD"), "savings"))
+    runs = [run for _, found, _ in training_roots(sources) for run in found or []]
+    for currency in sorted({run.currency for run in runs}):
+        cost = sum((run.cost for run in runs if run.currency == currency), Decimal(0))
+        cards.append((f"Training cost so far ({currency}, {len(runs):,} runs)", svg.money(cost, currency), "training"))
+    findings = [f for _, found, _ in findings_roots(sources) for f in found or []]
+    cards.append(("Open cost findings", f"{len(findings):,}", "findings"))
+    for currency, total in at_stake_by_currency(findings).items():
+        cards.append((f"At stake a month ({currency})", svg.money(total, currency), "findings"))
     statuses = safety_statuses(sources)
     quarantined = sum(len(status["quarantined"]) for _, status, _ in statuses if status)
     leases = sum(len(status["leases"]) for _, status, _ in statuses if status)
-    runs, _ = dag_runs()
-    failed = sum(1 for run in runs or [] if run["state"] == "failed")
+    last, _ = dag_runs()
+    failed = sum(1 for run in last or [] if run["state"] == "failed")
     cards += [("Quarantined files", f"{quarantined:,}", "safety"), ("Leases held", f"{leases:,}", "safety"),
               ("DAGs whose last run failed", f"{failed:,}", "safety")]
     return pages.overview_page(sources, cards)
@@ -133,6 +177,16 @@ def create_app():
     @app.get("/savings", response_class=HTMLResponse)
     def savings() -> str:
         return pages.savings_page(*savings_result())
+
+    @app.get("/training", response_class=HTMLResponse)
+    def training() -> str:
+        sources = find_sources()
+        return pages.training_page(sources, training_roots(sources))
+
+    @app.get("/findings", response_class=HTMLResponse)
+    def findings() -> str:
+        sources = find_sources()
+        return pages.findings_page(sources, findings_sections(sources))
 
     @app.get("/safety", response_class=HTMLResponse)
     def safety() -> str:

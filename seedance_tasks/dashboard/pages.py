@@ -1,4 +1,5 @@
-"""The dashboard's HTML pages: overview, cost, savings, data safety. No script, no external resource.
+"""The dashboard's HTML pages: overview, cost, savings, training, open findings, data safety.
+No script, no external resource.
 
 Every string that comes from data (owner names, URIs, reasons, run ids) goes through `escape`;
 money is rounded to cents and printed with its currency; negative amounts are shown (red, and
@@ -7,6 +8,7 @@ below the axis in charts). Links are relative, so the pages work under any base 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 from decimal import Decimal
@@ -20,7 +22,9 @@ from seedance_tasks.dashboard.sources import HOW_TO_CONFIGURE, Sources
 from seedance_tasks.units import format_size
 
 TABLE_OWNERS = 25  # owners listed by name per currency (the largest over the window); the rest in one row
-PAGES = (("./", "Overview"), ("cost", "Cost"), ("savings", "Savings"), ("safety", "Data safety"))
+PAGES = (("./", "Overview"), ("cost", "Cost"), ("savings", "Savings"), ("training", "Training"),
+         ("findings", "Open findings"), ("safety", "Data safety"))
+CHARTS = 12  # training runs drawn as a cost-over-steps chart (the newest); all are in the table
 CSS = (
     "body{font:14px/1.45 system-ui,sans-serif;margin:0;color:#1f2328;background:#fff}"
     "main{padding:1em 1.5em 3em;max-width:1200px}nav{background:#17324d;padding:.6em 1.5em}"
@@ -36,7 +40,8 @@ CSS = (
     ".hint{background:#f6f8fa;border:1px solid #d0d7de;padding:.5em .8em;border-radius:4px}"
     ".state-success{color:#1a7f37;font-weight:600}.state-failed{color:#b5473a;font-weight:600}"
     ".state-running,.state-queued{color:#9a6700;font-weight:600}svg.chart{max-width:100%;height:auto}"
-    "code{background:#f3f5f7;padding:0 .25em;border-radius:3px}"
+    "code{background:#f3f5f7;padding:0 .25em;border-radius:3px}.sev-critical{color:#b5473a;font-weight:600}"
+    ".sev-warning{color:#9a6700;font-weight:600}.est{color:#9a6700}.charts{display:flex;flex-wrap:wrap;gap:1em}"
 )
 
 
@@ -300,3 +305,118 @@ def safety_page(sources: Sources, runs: list[dict[str, Any]] | None, runs_error:
                              "stale (may be taken over)" if item["stale"] else "held"] for item in status["leases"]],
                            "No lease held."))
     return layout("Data safety", "safety", "".join(parts))
+
+
+# ----------------------------------------------------------------------------- training
+
+
+def _energy_source(run) -> Raw:
+    """nvml / rapl as measured; an estimate (TDP x utilisation) labelled so, also when partial."""
+    sources = run.energy_sources or ["estimated"]
+    text = " + ".join(sources)
+    if run.estimated:
+        note = "TDP x utilisation, not measured" if sources == ["estimated"] else "partly estimated"
+        return Raw(f"<span class='est' data-run='{escape(run.name, quote=True)}' data-figure='energy-source'>"
+                   f"{escape(text)} ({escape(note)})</span>")
+    return Raw(f"<span data-run='{escape(run.name, quote=True)}' data-figure='energy-source'>{escape(text)} "
+               "(measured)</span>")
+
+
+def kwh(value: Decimal) -> str:
+    """Energy for people: kWh, with the places a small run needs (1 from 10 kWh, 3 from 0.01, else 6)."""
+    places = 1 if value >= 10 else 3 if value >= Decimal("0.01") else 6
+    return f"{value:,.{places}f} kWh"
+
+
+def _figure(run, figure: str, text: str) -> Raw:
+    return Raw(f"<span data-run='{escape(run.name, quote=True)}' data-figure='{figure}'>{escape(text)}</span>")
+
+
+def training_row(run) -> list[Any]:
+    """One run's row: steps, cost so far, $ per 1,000 steps, energy and its source, utilisation."""
+    utilisation = ("—" if run.utilisation is None else
+                   f"{run.utilisation * 100:.1f}% {'/'.join(run.devices) or 'CPU'}")
+    return [run.name, f"{run.steps:,}", amount(run.cost, run.currency, run=run.name, figure="cost"),
+            amount(run.per_1000_steps, run.currency, run=run.name, figure="per-1000-steps"),
+            _figure(run, "energy", kwh(run.energy_kwh)), _energy_source(run),
+            _figure(run, "utilisation", utilisation), f"{run.ranks} × {run.attempts}", when(run.last_sample),
+            run.folder]
+
+
+def training_page(sources: Sources, roots: list[tuple[Any, list | None, list[str]]]) -> str:
+    """Per training log root: every run's cost so far, $ per 1,000 steps, energy, utilisation; charts."""
+    if not roots:
+        hint = ("<p class='hint'><b>No training log folder configured.</b> Set <code>training.log_dir</code> in "
+                "<code>config/seedance.yaml</code> (or <code>SEEDANCE__TRAINING__LOG_DIR</code>): each run of "
+                "<code>seedance_training</code> writes its telemetry to <code>&lt;log_dir&gt;/&lt;run&gt;/telemetry/"
+                "</code>; or run <code>make demo</code> and then <code>make airflow</code>.</p>")
+        return layout("Training", "training", (error_box(sources.error) if sources.error else "") + hint)
+    parts = []
+    for root, runs, errors in roots:
+        parts.append(f"<h2><code>{escape(root.uri)}</code> <span class='muted'>({escape(root.origin)})</span></h2>")
+        parts += [error_box(error) for error in errors]
+        if runs is None:
+            continue
+        parts.append(table(
+            ["run", "steps", "cost so far", "per 1,000 steps", "energy", "energy source", "utilisation",
+             "ranks × attempts", "last sample", "folder"],
+            [training_row(run) for run in runs],
+            "No training run with telemetry here yet (runs write <run>/telemetry/ when telemetry.enabled).",
+            numeric=(1, 2, 3, 4, 6)))
+        charts = [f"<div><h3>{escape(run.name)}: cost so far over steps</h3>"
+                  + svg.line(f"{run.name}: cost so far ({run.currency}) over steps", run.cost_by_step,
+                             lambda value, currency=run.currency: svg.money(value, currency)) + "</div>"
+                  for run in runs[:CHARTS]]
+        if charts:
+            parts.append("<div class=charts>" + "".join(charts) + "</div>")
+        if len(runs) > CHARTS:
+            parts.append(f"<p class='muted'>Charts of the {CHARTS} newest runs; every run is in the table.</p>")
+    parts.append("<p class='muted'>Cost: step seconds at the <code>telemetry.pricing</code> prices, every rank and "
+                 "attempt (redone steps included). Energy: NVML or RAPL counters where readable, else an estimate "
+                 "(labelled). Utilisation: step-time weighted mean over the ranks.</p>")
+    return layout("Training", "training", "".join(parts))
+
+
+# ----------------------------------------------------------------------------- open findings
+
+
+def _fix(fix: dict[str, Any] | None) -> Raw | str:
+    if not fix or not fix.get("dag_id"):
+        return "—"
+    dag_id = str(fix["dag_id"])
+    conf = json.dumps(fix.get("conf") or {}, sort_keys=True)
+    return Raw(f"<a target=_top href='../dags/{quote(dag_id, safe='')}'>{escape(dag_id)}</a> "
+               f"<code>{escape(conf)}</code>")
+
+
+def findings_section(root: Any, findings: list[Any]) -> str:
+    """One signals root: the open findings, most money at stake first, with totals per currency."""
+    from seedance_tasks.dashboard.signals import at_stake_by_currency
+
+    parts = [f"<h2><code>{escape(root.uri)}</code> <span class='muted'>({escape(root.origin)})</span></h2>"]
+    if not findings:
+        parts.append("<p class='none'>No open finding (or no night audited here yet: <code>seedance_signals</code> "
+                     "runs nightly).</p>")
+        return "".join(parts)
+    totals = at_stake_by_currency(findings)
+    parts.append(f"<p>{len(findings):,} open finding(s); at stake a month: "
+                 + ", ".join(amount(total, currency, finding=f"(total {currency})")
+                             for currency, total in totals.items()) + "</p>")
+    parts.append(table(
+        ["severity", "finding", "key", "what", "owner", "at stake / month", "first seen", "last seen", "change",
+         "fix (DAG and conf)"],
+        [[Raw(f"<span class='sev-{escape(f.severity, quote=True)}'>{escape(f.severity)}</span>"), f.id, f.key,
+          f.summary, f.owner or "—", amount(f.at_stake, f.currency, finding=f.id), f.first_seen or "—",
+          f.last_seen or "—", f.change, _fix(f.fix)] for f in findings], "", numeric=(5,)))
+    return "".join(parts)
+
+
+def findings_page(sources: Sources, sections: list[str]) -> str:
+    """The open findings of every signals root (sections from `findings_section` or error boxes)."""
+    if not sections:
+        hint = ("<p class='hint'><b>No signals root configured.</b> Set <code>signals.root</code> in "
+                "<code>config/seedance.yaml</code> (or <code>SEEDANCE__SIGNALS__ROOT</code>): the nightly "
+                "<code>seedance_signals</code> audit writes <code>nights/&lt;date&gt;/findings.json</code> there; "
+                "or run <code>make demo</code> and then <code>make airflow</code>.</p>")
+        return layout("Open findings", "findings", (error_box(sources.error) if sources.error else "") + hint)
+    return layout("Open findings", "findings", "".join(sections))

@@ -1,9 +1,9 @@
 """What the dashboard reports on: every pipeline root of the config, and the demo workspace's.
 
 Roots come from `config/seedance.yaml` (`compaction.default_uri`, `checkpoint.store` and
-`.inbox`, `lifecycle.store` and its tier locations, `training.checkpoint_store`,
-`cost.out_uri`) and, when `SEEDANCE_WORKSPACE` names a folder (`make demo` and `make airflow`
-set it), the folders the demo writes there. Nothing configured is a state the pages explain.
+`.inbox`, `lifecycle.store` and its tier locations, `training.checkpoint_store` and `.log_dir`,
+`cost.out_uri`, `signals.root`) and, when `SEEDANCE_WORKSPACE` names a folder (`make demo` and
+`make airflow` set it), the folders the demo writes there. Nothing configured is a state the pages explain.
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 WORKSPACE_ENV = "SEEDANCE_WORKSPACE"
+RUN_LOGS = "run logs"  # training: <log_dir>/<run>/telemetry/ (see training.airflow_tasks)
+FINDINGS = "findings"  # signals: nights/<date>/findings.json (see signals.audit)
 
 # (pipeline, role, setting) of each configured root; the setting is `section.key[.key...]`.
 CONFIGURED = (
@@ -23,7 +25,9 @@ CONFIGURED = (
     ("lifecycle", "warm tier", "lifecycle.tiers.warm.uri"),
     ("lifecycle", "cold tier", "lifecycle.tiers.cold.uri"),
     ("training", "checkpoint store", "training.checkpoint_store"),
+    ("training", RUN_LOGS, "training.log_dir"),
     ("cost", "chargeback output", "cost.out_uri"),
+    ("signals", FINDINGS, "signals.root"),
 )
 # (pipeline, role, folder under the workspace) of what `seedance_tasks.demo` writes (see each demo.py).
 DEMO = (
@@ -33,10 +37,12 @@ DEMO = (
     ("checkpoints", "inbox", "checkpoints/inbox"),
     ("checkpoints", "store", "checkpoints/store"),
     ("training", "checkpoint store", "training-checkpoints"),
+    ("training", RUN_LOGS, "training-logs"),
     ("lifecycle", "store", "lifecycle/store"),
     ("lifecycle", "warm tier", "lifecycle/warm"),
     ("lifecycle", "cold tier", "lifecycle/cold"),
     ("cost", "chargeback output", "cost/chargeback"),
+    ("signals", FINDINGS, "signals/out"),
 )
 
 
@@ -58,8 +64,9 @@ class Sources:
     error: str | None = None
     workspace: str | None = None
 
-    def of(self, pipeline: str) -> list[Root]:
-        return [root for root in self.roots if root.pipeline == pipeline]
+    def of(self, pipeline: str, role: str | None = None) -> list[Root]:
+        """The roots of `pipeline` (of that `role` only, when given)."""
+        return [root for root in self.roots if root.pipeline == pipeline and role in (None, root.role)]
 
 
 def _setting(settings, dotted: str):

@@ -164,3 +164,36 @@ def colours(names: Sequence[str]) -> list[str]:
             result.append(PALETTE[index % len(PALETTE)])
             index += 1
     return result
+
+
+def line(title: str, points: Sequence[tuple[int, Decimal]], value_text: Callable[[Decimal], str],
+         *, x_label: str = "step", width: int = 520, height: int = 160) -> str:
+    """A small line chart of (x, amount) points, x increasing (e.g. cost so far over steps): the
+    axis from zero to the largest amount, the first and last x labelled, the last amount printed."""
+    if len(points) < 2:
+        return f"<p class='none'>{escape(title)}: not enough steps to draw.</p>"
+    left, right, top, bottom = 90, 16, 10, 28
+    plot_w, plot_h = width - left - right, height - top - bottom
+    low_x, high_x = points[0][0], points[-1][0]
+    high = max(Decimal(0), *(value for _, value in points))
+    low = min(Decimal(0), *(value for _, value in points))
+    span, span_x = (high - low) or Decimal(1), (high_x - low_x) or 1
+
+    def xy(x: int, value: Decimal) -> str:
+        return f"{left + (x - low_x) / span_x * plot_w:.1f},{top + float((high - value) / span) * plot_h:.1f}"
+
+    parts = [f"<svg class='chart' role='img' aria-label='{escape(title)}' width='{width}' height='{height}' "
+             f"viewBox='0 0 {width} {height}' xmlns='http://www.w3.org/2000/svg'><title>{escape(title)}</title>"]
+    for value in (high, low) if low < 0 else (high, Decimal(0)):
+        y = top + float((high - value) / span) * plot_h
+        parts.append(f"<line x1='{left}' x2='{left + plot_w}' y1='{y:.1f}' y2='{y:.1f}' stroke='#e3e3e3'/>")
+        parts.append(f"<text x='{left - 6}' y='{y + 4:.1f}' text-anchor='end' {_FONT}>"
+                     f"{escape(value_text(value))}</text>")
+    parts.append(f"<polyline fill='none' stroke='{POSITIVE}' stroke-width='2' points='"
+                 + " ".join(xy(x, value) for x, value in points) + "'/>")
+    base = top + plot_h + 18
+    parts.append(f"<text x='{left}' y='{base}' {_FONT}>{escape(f'{x_label} {low_x:,}')}</text>")
+    parts.append(f"<text x='{left + plot_w}' y='{base}' text-anchor='end' {_FONT}>"
+                 f"{escape(f'{x_label} {high_x:,}: {value_text(points[-1][1])}')}</text>")
+    parts.append("</svg>")
+    return "".join(parts)

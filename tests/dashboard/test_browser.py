@@ -18,17 +18,19 @@ import pytest
 
 from tests.airflow_services import AirflowServices, free_port
 from tests.browser_support import Browser, chromium, dump_dom
-from tests.dashboard.conftest import HOSTILE, MONTHS, Cells, expected_cost_cells
+from tests.dashboard.conftest import HOSTILE, MONTHS, NIGHTS, RUN_NAMES, Cells, expected_cost_cells
 
 pytestmark = pytest.mark.skipif(chromium() is None, reason="no chromium: apt-get install -y chromium (make test does)")
 
 PAGES = {"overview": "/seedance/", "cost": "/seedance/cost", "savings": "/seedance/savings",
+         "training": "/seedance/training", "findings": "/seedance/findings",
          "safety": "/seedance/safety", "report": "/seedance/cost/report?root=0&month=2024-09"}
 
 
 @pytest.fixture(scope="module")
-def dashboard(tmp_path_factory, airflow_db, dagbag, chargeback):
-    """A compacted lake (a real DAG run: its report is the savings), a quarantined file, a lease; the API server."""
+def dashboard(tmp_path_factory, airflow_db, dagbag, chargeback, training_logs, findings_root):
+    """A compacted lake (a real DAG run: its report is the savings), a quarantined file, a lease, training
+    telemetry and two audited nights; the API server."""
     from seedance_tasks import lease, storage
     from seedance_tasks.compaction.sample import make_sample_lake
     from tests.conftest import xcom_value
@@ -48,7 +50,8 @@ def dashboard(tmp_path_factory, airflow_db, dagbag, chargeback):
     lease.acquire(root, "dataset", holder="test:dashboard", purpose="browser test", ttl_s=3600)
 
     port = free_port()
-    env = {**os.environ, "SEEDANCE__COST__OUT_URI": chargeback["out"], "SEEDANCE__COMPACTION__DEFAULT_URI": str(lake)}
+    env = {**os.environ, "SEEDANCE__COST__OUT_URI": chargeback["out"], "SEEDANCE__COMPACTION__DEFAULT_URI": str(lake),
+           "SEEDANCE__TRAINING__LOG_DIR": training_logs["root"], "SEEDANCE__SIGNALS__ROOT": findings_root["root"]}
     env.pop("SEEDANCE_WORKSPACE", None)
     services = AirflowServices(home, env)
     browser = None
@@ -125,6 +128,42 @@ def test_data_safety_shows_quarantine_lease_and_the_last_runs(dashboard):
     assert f"unreadable, owner {HOSTILE[1]}" in text and "p=bad/x.parquet" in text
     assert "test:dashboard" in text and "browser test" in text
     assert dashboard["dag_run"].run_id in text and "success" in text
+
+
+def test_training_shows_each_runs_cost_to_the_cent_its_energy_source_and_the_hostile_run_as_text(
+        dashboard, training_logs):
+    from seedance_tasks.dashboard.svg import money
+    from seedance_tasks.telemetry.samples import summarise
+
+    page = dashboard["pages"]["training"]
+    cells = Cells(page.html)
+    for name, folder in training_logs["folders"].items():
+        summary = summarise(folder / "telemetry")  # what the training DAG's summary reports
+        assert cells.get(run=name, figure="cost") == money(training_logs["cost"][name], "USD")
+        assert cells.get(run=name, figure="cost") == money(summary["cost_usd"], "USD")
+        assert cells.get(run=name, figure="per-1000-steps") == money(summary["usd_per_1000_steps"], "USD")
+    assert RUN_NAMES[0] in page.facts["text"] and HOSTILE[1] in page.facts["text"]  # run label, folder name
+    assert "estimated (TDP x utilisation, not measured)" in page.facts["text"] and "rapl (measured)" in page.facts["text"]
+    assert "cost so far over steps" in page.facts["text"] and "<polyline" in page.html
+    overview = dashboard["pages"]["overview"].facts["text"]
+    total = sum(training_logs["cost"].values(), Decimal(0))
+    assert "Training cost so far (USD, 2 runs)" in overview and money(total, "USD") in overview
+
+
+def test_open_findings_show_money_at_stake_to_the_cent_the_fix_and_the_hostile_key_as_text(dashboard, findings_root):
+    from seedance_tasks.dashboard.svg import money
+
+    page = dashboard["pages"]["findings"]
+    cells = Cells(page.html)
+    night = findings_root["nights"][NIGHTS[-1]]
+    written = [f for signal in night["signals"] for f in signal["findings"]]
+    assert len(written) >= 2
+    for finding in written:
+        assert cells.get(finding=finding["id"]) == money(Decimal(finding["at_stake"]), finding["currency"])
+    surge = f"cost-surge:owner={HOSTILE[0]}"
+    assert surge in page.facts["text"] and "seedance_cost_recovery" in page.facts["text"]
+    assert NIGHTS[0] in page.facts["text"]  # first seen the night before
+    assert f"Open cost findings\n{len(written)}" in dashboard["pages"]["overview"].facts["text"]
 
 
 def test_a_request_without_login_is_refused(dashboard):

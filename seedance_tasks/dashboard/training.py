@@ -1,0 +1,137 @@
+"""The training view: per training run, its cost so far, $ per 1,000 steps, energy and utilisation.
+
+Read from the telemetry the reference trainer writes (`seedance_tasks.telemetry`): the Parquet
+samples of `<run folder>/telemetry/`, summed by the telemetry's own `summarise` (every rank, every
+attempt, redone steps included), so the page shows what the DAG's summary shows. Run folders are
+`<training.log_dir>/<run>/` (the DAG's layout), or the log folder itself when one launch wrote it.
+The energy source (nvml, rapl, estimated) is carried as written; an estimate stays labelled.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from decimal import Decimal
+from pathlib import Path
+
+from seedance_tasks.errors import InputError
+
+TELEMETRY = "telemetry"
+CHART_POINTS = 120  # points of the cost-over-steps line at most (evenly thinned)
+GPU_SOURCES = ("nvml", "compute_fraction")  # utilisation sources that measure a GPU (cpu_time: the CPU)
+
+
+@dataclass
+class TrainingRun:
+    """One run's telemetry: the summary's figures, where its samples are, and its cost over steps."""
+
+    name: str
+    folder: str
+    steps: int
+    cost: Decimal
+    currency: str
+    per_1000_steps: Decimal | None
+    energy_kwh: Decimal
+    energy_sources: list[str]
+    utilisation: float | None
+    devices: list[str]  # "GPU" and/or "CPU": what the utilisation measures
+    ranks: int
+    attempts: int
+    last_sample: datetime | None
+    cost_by_step: list[tuple[int, Decimal]] = field(default_factory=list)
+
+    @property
+    def estimated(self) -> bool:
+        """True when any of the energy is an estimate (TDP x utilisation), not a counter."""
+        return "estimated" in self.energy_sources or not self.energy_sources
+
+
+def _local_folder(uri: str) -> Path:
+    if uri.startswith("file://"):
+        uri = uri[len("file://"):]
+    if "://" in uri:
+        raise InputError(f"training run folder {uri!r} is not on local disk",
+                         hint="set training.log_dir to the local folder the training runs write (telemetry is local)")
+    return Path(uri)
+
+
+def run_folders(uri: str) -> list[Path]:
+    """The run folders under a training log root: itself if it has `telemetry/`, else each child that has."""
+    root = _local_folder(uri)
+    if not root.is_dir():
+        raise InputError(f"training log folder {uri} does not exist",
+                         hint="check training.log_dir (or the DAG's log_dir); it is made by the first run")
+    if (root / TELEMETRY).is_dir():
+        return [root]
+    return sorted(child for child in root.iterdir() if child.is_dir() and (child / TELEMETRY).is_dir())
+
+
+def _label_values(table, key: str) -> set[str]:
+    """The distinct values of label `key` among the samples of `table`."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if not table.num_rows:
+        return set()
+    return set(pc.unique(pc.map_lookup(table["labels"], pa.scalar(key), "first")).drop_null().to_pylist())
+
+
+def _cost_by_step(table) -> list[tuple[int, Decimal]]:
+    """(highest step reached, cost so far summed over every rank and attempt) after each recorded step."""
+    import pyarrow.compute as pc
+
+    rows = table.filter(pc.equal(table["name"], "seedance_cost_usd_total")).sort_by("timestamp").to_pylist()
+    last: dict[tuple[str, str], float] = {}
+    reached, points = 0, []
+    for row in rows:
+        labels = dict(row["labels"])
+        last[(labels.get("rank", ""), labels.get("attempt", ""))] = row["value"]
+        reached = max(reached, int(labels.get("step", "0")))
+        total = sum((Decimal(repr(value)) for value in last.values()), Decimal(0))
+        if points and points[-1][0] == reached:
+            points[-1] = (reached, total)
+        else:
+            points.append((reached, total))
+    if len(points) > CHART_POINTS:
+        stride = (len(points) - 1) / (CHART_POINTS - 1)
+        points = [points[round(i * stride)] for i in range(CHART_POINTS)]
+    return points
+
+
+def read_run(folder: str | Path) -> TrainingRun:
+    """The figures of one run folder, from its telemetry samples (zeros when it has none yet)."""
+    import pyarrow.compute as pc
+
+    from seedance_tasks.telemetry.samples import read_samples, summarise
+
+    folder = Path(folder)
+    telemetry = folder / TELEMETRY
+    try:
+        summary = summarise(telemetry)
+        table = read_samples(telemetry)
+    except (OSError, ValueError) as exc:  # a corrupt or foreign Parquet file among the samples
+        raise InputError(f"{telemetry}: telemetry samples unreadable ({exc})",
+                         hint="move the bad samples-*.parquet file aside; the others are read again") from exc
+    names, ranks, attempts = (_label_values(table, key) for key in ("run", "rank", "attempt"))
+    sources = _label_values(table.filter(pc.equal(table["name"], "seedance_utilisation_ratio")), "source")
+    devices = sorted({"GPU" if source in GPU_SOURCES else "CPU" for source in sources})
+    last = pc.max(table["timestamp"]).as_py() if table.num_rows else None
+    return TrainingRun(
+        name=", ".join(sorted(names)) or folder.name, folder=str(folder), steps=summary["steps"],
+        cost=summary["cost_usd"], currency=summary["currency"], per_1000_steps=summary["usd_per_1000_steps"],
+        energy_kwh=Decimal(str(summary["energy_kwh"])), energy_sources=summary["energy_sources"],
+        utilisation=summary["utilisation"], devices=devices, ranks=len(ranks), attempts=len(attempts),
+        last_sample=last.astimezone(UTC) if last else None, cost_by_step=_cost_by_step(table))
+
+
+def training_runs(uri: str) -> tuple[list[TrainingRun], list[str]]:
+    """Every run under a training log root (newest sample first) and an `error:` line per unreadable run."""
+    runs, errors = [], []
+    for folder in run_folders(uri):
+        try:
+            runs.append(read_run(folder))
+        except InputError as exc:
+            errors.append(f"error: {exc.message} hint: {exc.hint}")
+    oldest = datetime.min.replace(tzinfo=UTC)
+    runs.sort(key=lambda run: (run.last_sample or oldest, run.name), reverse=True)
+    return runs, errors
