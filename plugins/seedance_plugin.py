@@ -1,4 +1,4 @@
-"""Airflow plugin: the Seedance dashboard (cost, savings, data safety) in the UI; see seedance_tasks/ui.py."""
+"""Airflow plugin: the Seedance dashboard (cost, savings, training, findings, data safety) in the UI; see seedance_tasks/ui.py."""
 
 from airflow.plugins_manager import AirflowPlugin
 
