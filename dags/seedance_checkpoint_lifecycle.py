@@ -8,20 +8,48 @@ Then the trash of the store and tier locations is purged by age, and a report gi
 monthly cost per tier before and after. Each run is collected and tiered under its lease
 (`run-<run>`, held by this DAG run: a retried task takes it back and finishes what its first
 attempt's journal left; another DAG run or the CLI is refused). **Dry run unless `apply`**: a run from the UI applies
-only when its `apply` box is ticked; a scheduled run only if `lifecycle.apply_on_schedule`.
+only when its `apply` box is ticked; a scheduled or asset-triggered run only if
+`lifecycle.apply_on_schedule`, a `checkpoint-bloat` fix if the signal's event says so.
+
+Runs nightly, on every stored checkpoint (an event on `seedance_checkpoint_store` from the
+checkpoint or training DAG: its store and runs) and on each `checkpoint-bloat` signal (its store
+and run). Skipped, with the reason, when no store is configured. Every empty field is taken from
+config/seedance.yaml. The report emits `seedance_checkpoint_lifecycle_report` (stores, deleted,
+moved, bytes, monthly cost before and after).
 """
 
 from __future__ import annotations
 
 import pendulum
-from airflow.sdk import Param, dag, get_current_context, task
+from airflow.sdk import (
+    Asset,
+    AssetOrTimeSchedule,
+    CronTriggerTimetable,
+    Param,
+    dag,
+    get_current_context,
+    task,
+)
 
-from seedance_tasks.dag_support import DEFAULT_ARGS, mapped_results, tags
+from seedance_tasks.dag_support import (
+    DEFAULT_ARGS,
+    duration_param,
+    from_config,
+    mapped_results,
+    optional_param,
+    tags,
+)
+from seedance_tasks.signals.assets import CHECKPOINT_BLOAT
+
+CHECKPOINT_STORE = Asset(name="seedance_checkpoint_store", uri="seedance://checkpoints/store")
+LIFECYCLE_REPORT = Asset(name="seedance_checkpoint_lifecycle_report", uri="seedance://checkpoints/lifecycle")
 
 
 @dag(
     dag_id="seedance_checkpoint_lifecycle",
-    schedule="30 3 * * *",
+    schedule=AssetOrTimeSchedule(
+        timetable=CronTriggerTimetable("30 3 * * *", timezone="UTC"), assets=(CHECKPOINT_STORE | CHECKPOINT_BLOAT)
+    ),
     start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
     catchup=False,
     max_active_runs=1,
@@ -29,40 +57,37 @@ from seedance_tasks.dag_support import DEFAULT_ARGS, mapped_results, tags
     tags=tags("checkpoint", "storage", "cost"),
     doc_md=__doc__,
     params={
-        "store": Param(
-            "", type="string", title="Checkpoint store",
-            description_md="Local path, `file:///…` or `s3://bucket/prefix`. Empty: `lifecycle.store`, "
-            "else `checkpoint.store` from config.",
+        "store": optional_param(
+            "Checkpoint store", "Local path, `file:///…` or `s3://bucket/prefix`.",
+            empty=from_config("lifecycle.store") + ", else `checkpoint.store` (neither set: the run is skipped)",
             section="Store",
         ),
-        "run": Param("", type="string", title="Run", description="Only this run; empty = every run.", section="Store"),
+        "run": optional_param("Run", "Only this run of the store.", empty="every run", section="Store"),
         "apply": Param(
             False, type="boolean", title="Apply",
             description_md="Delete (to the trash) and move checkpoints. Off: a dry run that only reports.",
             section="Run",
         ),
-        "keep_last": Param(None, type=["null", "integer"], minimum=1, title="Keep last N",
-                           description="Empty: config (lifecycle.retention.keep_last).", section="Policy"),
-        "keep_every": Param(None, type=["null", "integer"], minimum=1, title="Keep every M-th step",
-                            description="Empty: config.", section="Policy"),
-        "keep_best": Param(None, type=["null", "integer"], minimum=0, title="Keep best K",
-                           description="By the metric below. Empty: config.", section="Policy"),
-        "metric": Param(None, type=["null", "string"], title="Metric",
-                        description="Metric recorded at save time, e.g. val_loss. Empty: config.", section="Policy"),
-        "purge_older_than": Param(
-            "", type="string", pattern=r"^(\d+(\.\d+)?\s*(s|m|min|h|d|w)?)?$", title="Purge trash older than",
-            description="0 empties the trash. Empty: storage.trash_retention (7d).", section="Run",
-        ),
+        "keep_last": optional_param("Keep last N", "The N latest steps of each run.", type="integer", minimum=1,
+                                    empty=from_config("lifecycle.retention.keep_last"), section="Policy"),
+        "keep_every": optional_param("Keep every M-th step", "Every step that is a multiple of M.", type="integer",
+                                     minimum=1, empty=from_config("lifecycle.retention.keep_every"), section="Policy"),
+        "keep_best": optional_param("Keep best K", "The K best steps by the metric below.", type="integer",
+                                    minimum=0, empty=from_config("lifecycle.retention.keep_best"), section="Policy"),
+        "metric": optional_param("Metric", "Metric recorded at save time, e.g. val_loss.",
+                                 empty=from_config("lifecycle.retention.metric"), section="Policy"),
+        "purge_older_than": duration_param("Purge trash older than", "0 empties the trash.",
+                                           empty=from_config("storage.trash_retention"), section="Run"),
     },
 )
 def seedance_checkpoint_lifecycle():
     @task(multiple_outputs=False)
-    def plan(params: dict | None = None) -> dict:
+    def plan(params: dict | None = None, triggering_asset_events=None) -> dict:
         """Check the policy and list the runs (each run's gc/tier task recovers its own interrupted attempts)."""
         from seedance_tasks.lifecycle import airflow_tasks
 
         run_type = str(getattr(get_current_context()["dag_run"], "run_type", "") or "")
-        return airflow_tasks.plan_task(params, run_type.split(".")[-1].lower())
+        return airflow_tasks.plan_task(params, run_type.split(".")[-1].lower(), triggering_asset_events)
 
     @task
     def runs(planned: dict) -> list[dict]:
@@ -85,19 +110,19 @@ def seedance_checkpoint_lifecycle():
 
         return airflow_tasks.tier_task(gc_result)
 
-    @task(multiple_outputs=False, trigger_rule="none_failed")
+    @task(multiple_outputs=False, trigger_rule="none_failed_min_one_success")
     def purge(planned: dict, results: list[dict]) -> dict:
         """Free the trash of the store and tier locations older than `purge_older_than`."""
         from seedance_tasks.lifecycle import airflow_tasks
 
         return airflow_tasks.purge_task(planned)
 
-    @task(multiple_outputs=False, trigger_rule="none_failed")
+    @task(multiple_outputs=False, outlets=[LIFECYCLE_REPORT], trigger_rule="none_failed_min_one_success")
     def report(planned: dict, results: list[dict], purged: dict) -> dict:
         """Bytes and monthly cost by tier, before and after; what was deleted and moved."""
         from seedance_tasks.lifecycle import airflow_tasks
 
-        return airflow_tasks.report_task(planned, mapped_results(results), purged)
+        return airflow_tasks.report_task(planned, mapped_results(results), purged, LIFECYCLE_REPORT)
 
     planned = plan()
     gc_results = gc.expand(item=runs(planned))

@@ -2,20 +2,30 @@
 
 Wiring only; the work is in `seedance_tasks.checkpoint`. Trainers drop
 `INBOX/<run>/step-<N>.pt|.pth|.safetensors` (and may emit an event on the
-`seedance_checkpoint_inbox` asset); this DAG runs on that event or hourly. Each ready file is a
+`seedance_checkpoint_inbox` asset: docs/checkpoints.md shows the REST call); this DAG runs on
+that event or hourly, and is skipped, with the reason, while no inbox and store are configured. Each ready file is a
 mapped task: compress (delta against the run's previous checkpoint where it pays, byte-grouped
 zstd otherwise, a full keyframe every K checkpoints), verify the stored checkpoint by decoding
 every tensor against its sha256, and only then retire the raw file to the inbox trash; each under
 the run's lease and a journal of its own, so a retried task finishes what a killed one left. Unsafe
-or unreadable files (a pickle that would run code) are quarantined, never loaded.
+or unreadable files (a pickle that would run code) are quarantined, never loaded. The report
+emits `seedance_checkpoint_store` (store URI, runs and steps stored, bytes), on which the lifecycle
+DAG runs. Every empty field is taken from config/seedance.yaml.
 """
 
 from __future__ import annotations
 
 import pendulum
-from airflow.sdk import Asset, AssetOrTimeSchedule, CronTriggerTimetable, Param, dag, task
+from airflow.sdk import Asset, AssetOrTimeSchedule, CronTriggerTimetable, dag, task
 
-from seedance_tasks.dag_support import DEFAULT_ARGS, mapped_results, tags
+from seedance_tasks.dag_support import (
+    DEFAULT_ARGS,
+    duration_param,
+    from_config,
+    mapped_results,
+    optional_param,
+    tags,
+)
 
 CHECKPOINT_INBOX = Asset(name="seedance_checkpoint_inbox", uri="seedance://checkpoints/inbox")
 CHECKPOINT_STORE = Asset(name="seedance_checkpoint_store", uri="seedance://checkpoints/store")
@@ -33,42 +43,35 @@ CHECKPOINT_STORE = Asset(name="seedance_checkpoint_store", uri="seedance://check
     tags=tags("checkpoint", "storage"),
     doc_md=__doc__,
     params={
-        "inbox": Param(
-            "", type="string", title="Inbox",
-            description_md="Folder trainers drop raw checkpoints into (`INBOX/<run>/step-<N>.pt`). "
-            "Empty: `checkpoint.inbox` from config.",
-            section="Locations",
+        "inbox": optional_param(
+            "Inbox", "Folder trainers drop raw checkpoints into (`INBOX/<run>/step-<N>.pt`).",
+            empty=from_config("checkpoint.inbox") + " (none set: the run is skipped)", section="Locations",
         ),
-        "store": Param(
-            "", type="string", title="Checkpoint store",
-            description_md="Local path, `file:///…` or `s3://bucket/prefix`. Empty: `checkpoint.store` from config.",
-            section="Locations",
+        "store": optional_param(
+            "Checkpoint store", "Local path, `file:///…` or `s3://bucket/prefix`.",
+            empty=from_config("checkpoint.store") + " (none set: the run is skipped)", section="Locations",
         ),
-        "codec": Param(
-            "auto", type="string", enum=["auto", "delta", "bgzstd", "zstd", "lz4"], title="Codec",
+        "codec": optional_param(
+            "Codec", "auto picks per tensor: delta against the previous checkpoint or byte-grouped zstd.",
+            empty=from_config("checkpoint.codec"), section="Compression",
+            enum=["auto", "delta", "bgzstd", "zstd", "lz4"],
             values_display={"auto": "auto (per tensor)", "delta": "delta where it pays",
-                             "bgzstd": "byte-grouped zstd", "zstd": "zstd", "lz4": "lz4"},
-            description="auto picks per tensor: delta against the previous checkpoint or byte-grouped zstd.",
-            section="Compression",
+                            "bgzstd": "byte-grouped zstd", "zstd": "zstd", "lz4": "lz4"},
         ),
-        "keyframe_every": Param(
-            None, type=["null", "integer"], minimum=1, title="Keyframe every",
-            description="Store every K-th checkpoint full (restore reads at most K). Empty: config (8).",
-            section="Compression",
+        "keyframe_every": optional_param(
+            "Keyframe every", "Store every K-th checkpoint full (restore reads at most K).",
+            empty=from_config("checkpoint.keyframe_every"), section="Compression", type="integer", minimum=1,
         ),
-        "lossy": Param(
-            "none", type="string", enum=["none", "bf16"], title="Lossy downcast",
-            description="bf16 stores float32/64 tensors at bf16 precision (about 3x smaller, not bit-exact).",
-            section="Compression",
+        "lossy": optional_param(
+            "Lossy downcast", "bf16 stores float32/64 tensors at bf16 precision (about 3x smaller, not bit-exact); "
+            "none stores them exactly.", empty=from_config("checkpoint.lossy"), section="Compression",
+            enum=["none", "bf16"],
         ),
-        "min_age": Param(
-            "", type="string", pattern=r"^(\d+(\.\d+)?\s*(s|m|min|h|d|w)?)?$", title="Minimum file age",
-            description="Leave inbox files younger than this (still being written). Empty: config (60s).",
-            section="Run",
-        ),
-        "purge_older_than": Param(
-            "7d", type="string", pattern=r"^\d+(\.\d+)?\s*(s|m|min|h|d|w)?$", title="Purge trash older than",
-            description="Retired raw checkpoints in the inbox trash older than this are purged.", section="Run",
+        "min_age": duration_param("Minimum file age", "Leave inbox files younger than this (still being written).",
+                                  empty=from_config("checkpoint.inbox_min_age"), section="Run"),
+        "purge_older_than": duration_param(
+            "Purge trash older than", "Retired raw checkpoints in the inbox trash older than this are purged.",
+            empty=from_config("storage.trash_retention"), section="Run",
         ),
     },
 )
@@ -93,14 +96,14 @@ def seedance_checkpoints():
 
         return airflow_tasks.ingest_task(item, params, storage.new_run_id())
 
-    @task(multiple_outputs=False, outlets=[CHECKPOINT_STORE], trigger_rule="none_failed")
+    @task(multiple_outputs=False, outlets=[CHECKPOINT_STORE], trigger_rule="none_failed_min_one_success")
     def report(scanned: dict, results: list[dict]) -> dict:
         """One summary: files by status, bytes in and stored, ratio, problems."""
         from seedance_tasks.checkpoint import airflow_tasks
 
-        return airflow_tasks.report_task(scanned, mapped_results(results))
+        return airflow_tasks.report_task(scanned, mapped_results(results), CHECKPOINT_STORE)
 
-    @task(multiple_outputs=False, trigger_rule="none_failed")
+    @task(multiple_outputs=False, trigger_rule="none_failed_min_one_success")
     def purge_trash(summary: dict, params: dict | None = None) -> dict:
         """Free the inbox trash (retired raw checkpoints) older than `purge_older_than`."""
         from seedance_tasks.checkpoint import airflow_tasks

@@ -1,22 +1,37 @@
 """Compaction: a data lake's small Parquet files rewritten into files of about a target size.
 
-Wiring only; the work is in `seedance_tasks.compaction`. Nightly on the configured lake, and
-on demand from the UI with the same parameters as `seedance compact`.
+Wiring only; the work is in `seedance_tasks.compaction`. Nightly on `compaction.default_uri`
+(skipped, with the reason, when none is set), on each `small-files` signal (an event on
+`seedance_signal_small_files` names the lakes to fix: each is compacted, a dry run unless the
+event says to apply), and on demand from the UI with the same parameters as `seedance compact`.
+Every empty field is taken from config/seedance.yaml. The report task emits
+`seedance_compacted_lake` with the run's figures (URI, files and bytes before/after, saving).
 """
 
 from __future__ import annotations
 
 import pendulum
-from airflow.sdk import Asset, Param, dag, task
+from airflow.sdk import Asset, AssetOrTimeSchedule, CronTriggerTimetable, Param, dag, task
 
-from seedance_tasks.dag_support import DEFAULT_ARGS, mapped_results, tags
+from seedance_tasks.dag_support import (
+    DEFAULT_ARGS,
+    duration_param,
+    from_config,
+    mapped_results,
+    optional_param,
+    size_param,
+    tags,
+)
+from seedance_tasks.signals.assets import SMALL_FILES
 
 COMPACTED_LAKE = Asset(name="seedance_compacted_lake", uri="seedance://compaction/lake")
 
 
 @dag(
     dag_id="seedance_compaction",
-    schedule="0 2 * * *",
+    schedule=AssetOrTimeSchedule(
+        timetable=CronTriggerTimetable("0 2 * * *", timezone="UTC"), assets=[SMALL_FILES]
+    ),
     start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
     catchup=False,
     max_active_runs=1,
@@ -24,41 +39,33 @@ COMPACTED_LAKE = Asset(name="seedance_compacted_lake", uri="seedance://compactio
     tags=tags("compaction", "storage"),
     doc_md=__doc__,
     params={
-        "uri": Param(
-            "",
-            type="string",
-            title="Dataset URI",
-            description_md="Root of the Parquet dataset: a local path, `file:///…` or `s3://bucket/prefix`. "
-            "Empty: `compaction.default_uri` from config.",
-            section="Dataset",
+        "uri": optional_param(
+            "Dataset URI", "Root of the Parquet dataset: a local path, `file:///…` or `s3://bucket/prefix`.",
+            empty=from_config("compaction.default_uri") + " (none set: the run is skipped)", section="Dataset",
         ),
-        "target_file_size": Param(
-            "512MiB", type="string", pattern=r"^\d+(\.\d+)?\s*([KMGT]i?B|B)?$",
-            title="Target file size", description="Size of the files written, e.g. 512MiB.", section="Sizes",
+        "target_file_size": size_param("Target file size", "Size of the files written.",
+                                       empty=from_config("compaction.target_file_size"), section="Sizes"),
+        "small_file_size": size_param(
+            "Small-file threshold", "Compact files smaller than this.",
+            empty=from_config("compaction.small_file_size") + ", whose default is 75% of the target", section="Sizes",
         ),
-        "small_file_size": Param(
-            None, type=["null", "string"], title="Small-file threshold",
-            description="Compact files smaller than this; empty = 75% of the target.", section="Sizes",
-        ),
-        "min_age": Param(
-            "1h", type="string", pattern=r"^\d+(\.\d+)?\s*(s|m|min|h|d|w)?$",
-            title="Minimum file age", description="Leave files younger than this alone (0, 30m, 1h, 7d).",
-            section="Sizes",
-        ),
+        "min_age": duration_param("Minimum file age", "Leave files younger than this alone.",
+                                  empty=from_config("compaction.min_age"), section="Sizes"),
         "dry_run": Param(False, type="boolean", title="Dry run", description="Plan and report only.", section="Run"),
-        "purge_older_than": Param(
-            "7d", type="string", title="Purge trash older than",
-            description="Trash runs older than this are purged after compaction.", section="Run",
+        "purge_older_than": duration_param(
+            "Purge trash older than", "Trash runs older than this are purged after compaction.",
+            empty=from_config("storage.trash_retention"), section="Run",
         ),
     },
 )
 def seedance_compaction():
     @task(multiple_outputs=False)
-    def plan(params: dict | None = None) -> dict:
-        """Finish any interrupted run, list the lake once, save the plan; return its groups."""
+    def plan(params: dict | None = None, triggering_asset_events=None) -> dict:
+        """Decide the lakes (params, config, or the small-files events), finish interrupted runs,
+        list each lake once, save the plans; return their groups."""
         from seedance_tasks.compaction import airflow_tasks
 
-        return airflow_tasks.plan_task(params)
+        return airflow_tasks.plan_task(params or {}, triggering_asset_events)
 
     @task
     def groups(planned: dict) -> list[dict]:
@@ -77,7 +84,7 @@ def seedance_compaction():
         """One summary for the run (files, bytes, rows, skipped, quarantined, estimated saving)."""
         from seedance_tasks.compaction import airflow_tasks
 
-        return airflow_tasks.report_task(planned, mapped_results(results))
+        return airflow_tasks.report_task(planned, mapped_results(results), COMPACTED_LAKE)
 
     @task(multiple_outputs=False, trigger_rule="none_failed_min_one_success")
     def purge_trash(summary: dict, params: dict | None = None) -> dict:

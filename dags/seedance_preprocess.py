@@ -3,8 +3,9 @@ by separate I/O and CPU pools into `KEY.npy` shards, mapped over groups of shard
 
 Wiring only; the work is in `seedance_tasks.shards` and `seedance_tasks.preprocess`. Triggered on
 demand (before training) with the same parameters as `seedance shards build` and
-`seedance preprocess run`. Emits the `seedance_preprocessed_shards` Asset when the output index
-is written.
+`seedance preprocess run`; every empty field is taken from config/seedance.yaml (a run without a
+source is skipped, with the reason). Emits the `seedance_preprocessed_shards` Asset when the
+output index is written (its extra: the output URI, index and counts).
 """
 
 from __future__ import annotations
@@ -12,7 +13,14 @@ from __future__ import annotations
 import pendulum
 from airflow.sdk import Asset, Param, dag, task
 
-from seedance_tasks.dag_support import DEFAULT_ARGS, mapped_results, tags
+from seedance_tasks.dag_support import (
+    DEFAULT_ARGS,
+    from_config,
+    mapped_results,
+    optional_param,
+    size_param,
+    tags,
+)
 
 PREPROCESSED_SHARDS = Asset(name="seedance_preprocessed_shards", uri="seedance://preprocess/shards")
 
@@ -27,11 +35,10 @@ PREPROCESSED_SHARDS = Asset(name="seedance_preprocessed_shards", uri="seedance:/
     tags=tags("shards", "preprocess"),
     doc_md=__doc__,
     params={
-        "source": Param(
-            "", type="string", title="Source",
-            description_md="Samples (a directory of `KEY.jpg`, `KEY.cls`… files, or a Parquet dataset with one row "
+        "source": optional_param(
+            "Source", "Samples (a directory of `KEY.jpg`, `KEY.cls`… files, or a Parquet dataset with one row "
             "per sample), or existing WebDataset shards (see *Source kind*). Local path, `file:///…` or `s3://…`.",
-            section="Data",
+            empty="nothing to preprocess: the run is skipped", section="Data",
         ),
         "source_kind": Param(
             "samples", type="string", enum=["samples", "shards"], title="Source kind",
@@ -39,45 +46,35 @@ PREPROCESSED_SHARDS = Asset(name="seedance_preprocessed_shards", uri="seedance:/
             description="Samples are packed into shards first; shards (any WebDataset tars) are used as they are.",
             section="Data",
         ),
-        "shards": Param(
-            None, type=["null", "string"], title="Shards URI",
-            description="Where to build the shards; empty = <source>-shards.", section="Data",
-        ),
-        "out": Param(
-            None, type=["null", "string"], title="Output URI",
-            description="Where the preprocessed shards go; empty = <shards>-preprocessed.", section="Data",
-        ),
-        "shard_size": Param(
-            "256MiB", type="string", pattern=r"^\d+(\.\d+)?\s*([KMGT]i?B|B)?$", title="Shard size",
-            description="Bytes per shard, tar headers included, e.g. 256MiB.", section="Shards",
-        ),
+        "shards": optional_param("Shards URI", "Where to build the shards.", empty="`<source>-shards`", section="Data"),
+        "out": optional_param("Output URI", "Where the preprocessed shards go.", empty="`<shards>-preprocessed`",
+                              section="Data"),
+        "shard_size": size_param("Shard size", "Bytes per shard, tar headers included.",
+                                 empty=from_config("shards.shard_size"), section="Shards"),
         "shuffle": Param(
             False, type="boolean", title="Shuffle samples", section="Shards",
             description="Shuffle samples across shards (Parquet: by row group, then rows).",
         ),
         "seed": Param(0, type="integer", minimum=0, title="Shuffle seed", description="Seed of the shuffle.",
                       section="Shards"),
-        "check_decode": Param(
-            True, type="boolean", title="Check that images decode",
-            description="Decode every image member (jpg, png, webp...) at build and verify, as readers will: "
+        "check_decode": optional_param(
+            "Check that images decode",
+            "Decode every image member (jpg, png, webp...) at build and verify, as readers will: "
             "a sample that does not decode is rejected at build (and listed), a shard holding one fails verify.",
-            section="Shards",
+            empty=from_config("shards.check_decode"), section="Shards", type="boolean",
         ),
-        "image_size": Param(
-            224, type="integer", minimum=8, maximum=4096, title="Image size",
-            description="Outputs are uint8 arrays of shape (3, size, size).", section="Preprocessing",
-        ),
-        "io_workers": Param(
-            0, type="integer", minimum=0, maximum=64, title="I/O threads",
-            description="Per task; 0 = chosen from a short measurement.", section="Preprocessing",
-        ),
-        "cpu_workers": Param(
-            0, type="integer", minimum=0, maximum=256, title="CPU processes",
-            description="Per task; 0 = one per core.", section="Preprocessing",
-        ),
-        "shards_per_group": Param(
-            4, type="integer", minimum=1, title="Shards per task",
-            description="One mapped preprocessing task per group of this many shards.", section="Preprocessing",
+        "image_size": optional_param("Image size", "Outputs are uint8 arrays of shape (3, size, size).",
+                                     empty=from_config("preprocess.size"), section="Preprocessing", type="integer",
+                                     minimum=8, maximum=4096),
+        "io_workers": optional_param("I/O threads", "Per task; 0 = chosen from a short measurement.",
+                                     empty=from_config("preprocess.io_workers"), section="Preprocessing",
+                                     type="integer", minimum=0, maximum=64),
+        "cpu_workers": optional_param("CPU processes", "Per task; 0 = one per core.",
+                                      empty=from_config("preprocess.cpu_workers"), section="Preprocessing",
+                                      type="integer", minimum=0, maximum=256),
+        "shards_per_group": optional_param(
+            "Shards per task", "One mapped preprocessing task per group of this many shards.",
+            empty=from_config("preprocess.shards_per_group"), section="Preprocessing", type="integer", minimum=1,
         ),
     },
 )
@@ -115,7 +112,7 @@ def seedance_preprocess():
         """Write the output index; one summary for the run."""
         from seedance_tasks.preprocess import airflow_tasks
 
-        return airflow_tasks.finalize_task(built, mapped_results(results))
+        return airflow_tasks.finalize_task(built, mapped_results(results), PREPROCESSED_SHARDS)
 
     built = build_shards()
     verified = verify_shards(built)

@@ -85,8 +85,8 @@ def _profile_names() -> list[str]:
             description_md="A saved `nvidia-smi topo -m` file on the worker, or `detect`. Empty: no GPUs "
             "(a CPU/gloo plan).", section="NCCL",
         ),
-        "profile": Param("auto", type="string", enum=_profile_names(), title="NCCL profile",
-                         description="auto = derived from the topology.", section="NCCL"),
+        "profile": optional_param("NCCL profile", "auto = derived from the topology.", enum=_profile_names(),
+                                  empty=from_config("training.profile"), section="NCCL"),
         "overrides": Param(
             {}, type="object", title="Environment overrides",
             description_md="`{\"NCCL_SOCKET_IFNAME\": \"=eth0\"}`. Names NCCL/PyTorch do not read are refused.",

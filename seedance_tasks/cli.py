@@ -23,6 +23,7 @@ from seedance_tasks.cost.cli import app as cost_app
 from seedance_tasks.lifecycle.cli import register as register_lifecycle_commands
 from seedance_tasks.preprocess.cli import app as preprocess_app
 from seedance_tasks.shards.cli import app as shards_app
+from seedance_tasks.signals.cli import app as signals_app
 from seedance_tasks.training.cli import app as train_app
 
 app = typer.Typer(
@@ -83,6 +84,7 @@ register_lifecycle_commands(ckpt_app)
 app.add_typer(ckpt_app, name="ckpt")
 app.add_typer(train_app, name="train")
 app.add_typer(cost_app, name="cost")
+app.add_typer(signals_app, name="signals")
 wrap_commands(app)  # one error boundary for every command, whichever module registered it
 
 

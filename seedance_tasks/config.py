@@ -2,32 +2,34 @@
 
 Every section is a strict pydantic model: an unknown key is an error that names the key, a
 malformed value an error that names the key and says what was expected. Each pipeline owns its
-section's model (`seedance_tasks/<pipeline>/settings.py`); this module only assembles them.
+section's model (`seedance_tasks/<pipeline>/settings.py`, named in `SECTIONS` and imported only
+when that section is asked for); this module only assembles them.
+
+- `load_settings()`: every section, validated (the CLI's and the demo's edge).
+- `load_section(name)`: one section only (storage asks for `storage` on every `s3://` URI: it
+  must not import and build every pipeline's model).
+- `section_with(section, overrides)`: a section with per-run/per-command overrides validated in.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 from collections.abc import Mapping
-from functools import lru_cache
+from functools import cache, lru_cache
 from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field, ValidationError
 
 from seedance_tasks.errors import ConfigError
+from seedance_tasks.settings_base import StrictModel
 from seedance_tasks.units import Duration
 
 ENV_PREFIX = "SEEDANCE__"
 CONFIG_ENV = "SEEDANCE_CONFIG"
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "config" / "seedance.yaml"
-
-
-class StrictModel(BaseModel):
-    """Base of every settings model: unknown keys are refused, values validated on assignment."""
-
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False)
 
 
 class S3Settings(StrictModel):
@@ -51,25 +53,32 @@ class StorageSettings(StrictModel):
     )
 
 
-def _sections() -> dict[str, type[StrictModel]]:
-    from seedance_tasks.checkpoint.settings import CheckpointSettings
-    from seedance_tasks.compaction.settings import CompactionSettings
-    from seedance_tasks.cost.settings import CostSettings
-    from seedance_tasks.lifecycle.settings import LifecycleSettings
-    from seedance_tasks.preprocess.settings import PreprocessSettings
-    from seedance_tasks.shards.settings import ShardSettings
-    from seedance_tasks.training.settings import TrainingSettings
+SECTIONS: dict[str, str] = {
+    "storage": "seedance_tasks.config:StorageSettings",
+    "compaction": "seedance_tasks.compaction.settings:CompactionSettings",
+    "shards": "seedance_tasks.shards.settings:ShardSettings",
+    "preprocess": "seedance_tasks.preprocess.settings:PreprocessSettings",
+    "checkpoint": "seedance_tasks.checkpoint.settings:CheckpointSettings",
+    "lifecycle": "seedance_tasks.lifecycle.settings:LifecycleSettings",
+    "training": "seedance_tasks.training.settings:TrainingSettings",
+    "telemetry": "seedance_tasks.telemetry.settings:TelemetrySettings",
+    "cost": "seedance_tasks.cost.settings:CostSettings",
+    "signals": "seedance_tasks.signals.settings:SignalsSettings",
+}
+"""Each section of `config/seedance.yaml` and its model (`module:Class`, imported on first use)."""
 
-    return {
-        "storage": StorageSettings,
-        "compaction": CompactionSettings,
-        "shards": ShardSettings,
-        "preprocess": PreprocessSettings,
-        "checkpoint": CheckpointSettings,
-        "lifecycle": LifecycleSettings,
-        "training": TrainingSettings,
-        "cost": CostSettings,
-    }
+
+@cache
+def section_model(name: str) -> type[StrictModel]:
+    """The settings model of section `name` (imports only that section's module)."""
+    if name not in SECTIONS:
+        raise ConfigError(f"unknown settings section '{name}'", hint="sections: " + ", ".join(SECTIONS))
+    module, _, attr = SECTIONS[name].partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def _sections() -> dict[str, type[StrictModel]]:
+    return {name: section_model(name) for name in SECTIONS}
 
 
 @lru_cache(maxsize=1)
@@ -114,10 +123,14 @@ def _merge(base: dict[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
     return merged
 
 
-def _describe(error: ValidationError, source: str) -> ConfigError:
+def _describe(error: ValidationError, source: str, prefix: str | None = None,
+              names: Mapping[str, str] | None = None) -> ConfigError:
     lines = []
     for item in error.errors():
-        key = ".".join(str(part) for part in item["loc"])
+        loc = [str(part) for part in item["loc"]]
+        if names and loc and loc[0] in names:
+            loc[0] = names[loc[0]]
+        key = ".".join([prefix, *loc] if prefix else loc)
         if item["type"] == "extra_forbidden":
             lines.append(f"unknown key '{key}'")
         else:
@@ -129,6 +142,20 @@ def _describe(error: ValidationError, source: str) -> ConfigError:
 
 
 _PARSED: dict[tuple, StrictModel] = {}
+_RAW: dict[tuple, dict[str, Any]] = {}
+_SECTION_CACHE: dict[tuple, StrictModel] = {}
+
+
+def _source(path: str | Path | None, environ: Mapping[str, str]) -> tuple[Path, bool, tuple]:
+    """The config file, whether it was named explicitly, and the cache key of file + environment."""
+    explicit = path is not None or bool(environ.get(CONFIG_ENV))
+    source = Path(path or environ.get(CONFIG_ENV) or DEFAULT_CONFIG)
+    try:
+        stamp = source.stat().st_mtime_ns
+    except OSError:
+        stamp = None
+    overrides = tuple(sorted((key, value) for key, value in environ.items() if key.startswith(ENV_PREFIX)))
+    return source, explicit, (str(source), explicit, stamp, overrides)
 
 
 def load_settings(path: str | Path | None = None, environ: Mapping[str, str] | None = None):
@@ -139,44 +166,80 @@ def load_settings(path: str | Path | None = None, environ: Mapping[str, str] | N
     stores ask often); each call returns its own copy.
     """
     environ = os.environ if environ is None else environ
-    explicit = path is not None or bool(environ.get(CONFIG_ENV))
-    source = Path(path or environ.get(CONFIG_ENV) or DEFAULT_CONFIG)
-    try:
-        stamp = source.stat().st_mtime_ns
-    except OSError:
-        stamp = None
-    overrides = tuple(sorted((key, value) for key, value in environ.items() if key.startswith(ENV_PREFIX)))
-    key = (str(source), explicit, stamp, overrides)
+    source, _, key = _source(path, environ)
     if key not in _PARSED:
         _PARSED.clear()
-        _PARSED[key] = _parse_settings(source, explicit, environ)
+        try:
+            _PARSED[key] = _settings_model().model_validate(_raw(path, environ))
+        except ValidationError as exc:
+            raise _describe(exc, f"{source} (+ {ENV_PREFIX}* environment)") from None
     return _PARSED[key].model_copy(deep=True)
 
 
-def _parse_settings(source: Path, explicit: bool, environ: Mapping[str, str]):
-    data: dict[str, Any] = {}
-    if explicit or source.exists():
+def load_section(name: str, path: str | Path | None = None, environ: Mapping[str, str] | None = None):
+    """Section `name` of the settings (same sources and errors as `load_settings`), validating
+    and importing only that section's model; unknown section names in the file are still errors.
+    Cached like `load_settings`; each call returns its own copy."""
+    environ = os.environ if environ is None else environ
+    source, _, key = _source(path, environ)
+    cache_key = (name, *key)
+    if cache_key not in _SECTION_CACHE:
+        if len(_SECTION_CACHE) > 64:
+            _SECTION_CACHE.clear()
+        model = section_model(name)
+        data = _raw(path, environ).get(name)
         try:
-            loaded = yaml.safe_load(source.read_text()) or {}
-        except FileNotFoundError:
-            raise ConfigError(f"config file not found: {source}") from None
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"config file {source} is not valid YAML: {exc}") from None
-        if not isinstance(loaded, dict):
-            raise ConfigError(f"config file {source} must hold a mapping of sections")
-        data = loaded
-    data = _merge(data, _env_overrides(environ))
+            _SECTION_CACHE[cache_key] = model.model_validate({} if data is None else data)
+        except ValidationError as exc:
+            raise _describe(exc, f"{source} (+ {ENV_PREFIX}* environment)", prefix=name) from None
+    return _SECTION_CACHE[cache_key].model_copy(deep=True)
+
+
+def _raw(path: str | Path | None, environ: Mapping[str, str]) -> dict[str, Any]:
+    """The file's mapping merged with the environment overrides (cached); unknown sections refused."""
+    source, explicit, key = _source(path, environ)
+    if key not in _RAW:
+        _RAW.clear()
+        data = _read_file(source, explicit)
+        data = _merge(data, _env_overrides(environ))
+        unknown = [name for name in data if name not in SECTIONS]
+        if unknown:
+            raise ConfigError(
+                f"invalid settings in {source} (+ {ENV_PREFIX}* environment): "
+                + "; ".join(f"unknown key '{name}'" for name in unknown),
+                hint="see config/seedance.yaml for every key and its default",
+            )
+        _RAW[key] = data
+    return _RAW[key]
+
+
+def _read_file(source: Path, explicit: bool) -> dict[str, Any]:
+    if not (explicit or source.exists()):
+        return {}
     try:
-        return _settings_model().model_validate(data)
-    except ValidationError as exc:
-        raise _describe(exc, f"{source} (+ {ENV_PREFIX}* environment)") from None
+        loaded = yaml.safe_load(source.read_text()) or {}
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {source}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {source} is not valid YAML: {exc}") from None
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"config file {source} must hold a mapping of sections")
+    return loaded
 
 
 def settings_with(settings: StrictModel, section: str, **overrides: Any) -> StrictModel:
     """A copy of one settings section with `overrides` (None values ignored) validated in."""
-    current = getattr(settings, section)
-    values = {key: value for key, value in overrides.items() if value is not None}
+    return section_with(getattr(settings, section), overrides)
+
+
+def section_with(current: StrictModel, overrides: Mapping[str, Any], source: str = "the command's options",
+                 names: Mapping[str, str] | None = None) -> StrictModel:
+    """A copy of the section `current` with `overrides` (None and "" ignored) validated in.
+
+    A bad value raises ConfigError naming it as `names[key]` (e.g. the DAG param) when given.
+    """
+    values = {key: value for key, value in overrides.items() if value is not None and value != ""}
     try:
         return type(current).model_validate({**current.model_dump(), **values})
     except ValidationError as exc:
-        raise _describe(exc, "the command's options") from None
+        raise _describe(exc, source, names=names) from None

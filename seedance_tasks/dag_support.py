@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+import logging
+import re
+from collections.abc import Callable, Iterable, Mapping
 from datetime import timedelta
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
+
+from seedance_tasks.units import _DURATION_UNITS, _SIZE_UNITS
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -15,6 +19,122 @@ DEFAULT_ARGS = {
     "retry_delay": timedelta(minutes=2),
     "retry_exponential_backoff": True,
 }
+
+
+log = logging.getLogger("seedance_tasks.dag")
+
+
+def _grammar(units: Iterable[str]) -> str:
+    """A JSON-schema pattern of `units.py`'s grammar: a number, a unit from `units` (any case),
+    blanks around; or the empty string (an emptied form field: "from config")."""
+    def any_case(unit: str) -> str:
+        return "".join(f"[{c.lower()}{c.upper()}]" if c.isalpha() else re.escape(c) for c in unit)
+
+    alternatives = "|".join(any_case(u) for u in sorted((u for u in units if u), key=lambda u: (-len(u), u)))
+    # the empty alternative is a lookahead for the true end: Python's `$` also matches before a final "\n"
+    return rf"^(?:\s*\d+(?:\.\d+)?\s*(?:{alternatives})?\s*|(?![\s\S]))$"
+
+
+SIZE_PATTERN = _grammar(_SIZE_UNITS)
+"""Accepts exactly what `units.parse_size` accepts (`512M`, `512mib`, `1.5 GiB`, `1048576`), and ""."""
+DURATION_PATTERN = _grammar(_DURATION_UNITS)
+"""Accepts exactly what `units.parse_duration` accepts (`0`, `90s`, `30m`, `1h`, `7d`), and ""."""
+
+
+def from_config(key: str) -> str:
+    """The help text's "what empty means" for a setting: `key` from config/seedance.yaml."""
+    return f"`{key}` from config/seedance.yaml"
+
+
+def optional_param(title: str, help_md: str, *, empty: str, section: str | None = None,
+                   type: str = "string", **schema: Any):
+    """A form field that may stay empty: a nullable Param (`type: ["null", TYPE]`, default None),
+    whose help ends with what empty means (`empty`, e.g. `from_config("compaction.min_age")`).
+
+    The UI form refuses a typed field whose value does not validate (`""` for `type: string`
+    blocks the Trigger button); None validates here and means "decided by config/the run".
+    """
+    from airflow.sdk import Param
+
+    if "enum" in schema and None not in schema["enum"]:
+        schema["enum"] = [*schema["enum"], None]
+    return Param(None, type=["null", type], title=title, description_md=f"{help_md} Empty: {empty}.",
+                 **({"section": section} if section else {}), **schema)
+
+
+def size_param(title: str, help_md: str, *, empty: str, section: str | None = None):
+    """An optional size field (`512MiB`, `512M`, `64mb`...), validated in the form with the grammar
+    of `units.parse_size`."""
+    return optional_param(title, f"{help_md} A size: 512MiB, 512M, 64MB, 1.5GiB.", empty=empty, section=section,
+                          pattern=SIZE_PATTERN)
+
+
+def duration_param(title: str, help_md: str, *, empty: str, section: str | None = None):
+    """An optional duration field (`0`, `90s`, `30m`, `1h`, `7d`), validated in the form with the
+    grammar of `units.parse_duration`."""
+    return optional_param(title, f"{help_md} A duration: 0, 90s, 30m, 1h, 7d.", empty=empty, section=section,
+                          pattern=DURATION_PATTERN)
+
+
+def run_settings(section: str, params: Mapping[str, Any] | None, fields: Mapping[str, str]):
+    """The composition step of a DAG run: config section `section` (config file, then the
+    SEEDANCE__* environment), then the run's non-empty Params, `fields` mapping param -> key.
+
+    A bad param value fails with ConfigError naming the param (`fail_fast`: not retried).
+    """
+    from seedance_tasks.config import load_section, section_with
+
+    params = params or {}
+    overrides = {key: params.get(name) for name, key in fields.items()}
+    return section_with(load_section(section), overrides, "the run's parameters",
+                        names={key: f"param {name}" for name, key in fields.items()})
+
+
+def skip(reason: str, **summary: Any) -> NoReturn:
+    """Skip the running task (AirflowSkipException): nothing configured to do is not a failure.
+
+    The reason goes to the task log and to the task's summary (its XCom: `{"skipped": reason, ...}`).
+    """
+    from airflow.sdk import get_current_context
+    from airflow.sdk.exceptions import AirflowSkipException
+
+    log.warning("skipped: %s", reason)
+    try:
+        get_current_context()["ti"].xcom_push(key="return_value", value={"skipped": reason, **summary})
+    except RuntimeError:  # not inside a task (a direct call from a test or the CLI): nothing to push
+        pass
+    raise AirflowSkipException(reason)
+
+
+def announce(asset, extra: dict[str, Any], *, reports: Mapping[str, str | None] | None = None) -> dict[str, Any]:
+    """Attach `extra` (URIs, month, totals, bytes: small and JSON-able) to the event the running
+    task emits on `asset`, and log each report it wrote (`report <name>: <uri>`), so the task log
+    links to it. (A task cannot set its DAG run's note in Airflow 3.3: the execution API has no
+    such call; the log and the event are where the links go.) Returns `extra`."""
+    from airflow.sdk import get_current_context
+
+    log_reports(reports or {})
+    get_current_context()["outlet_events"][asset].extra = extra
+    return extra
+
+
+def log_reports(reports: Mapping[str, str | None]) -> None:
+    """Log each report a task wrote as `report <name>: <uri>` (the task log links to its outputs)."""
+    for name, uri in reports.items():
+        if uri:
+            log.info("report %s: %s", name, uri)
+
+
+def triggering_extras(events: Mapping | None, names: Iterable[str]) -> list[dict[str, Any]]:
+    """The extras of the asset events (of the assets named `names`) that triggered this run,
+    oldest first; [] for a scheduled or manual run. `events` is the task context's
+    `triggering_asset_events`."""
+    wanted = set(names)
+    found = []
+    for asset in events or {}:
+        if getattr(asset, "name", None) in wanted:
+            found += [(event.timestamp, dict(event.extra or {})) for event in events[asset]]
+    return [extra for _, extra in sorted(found, key=lambda item: item[0])]
 
 
 def tags(*area: str) -> list[str]:
@@ -41,15 +161,22 @@ def fail_fast(func: F | None = None, *, retry_on: tuple[type[BaseException], ...
         try:
             return func(*args, **kwargs)
         except Exception as exc:
+            from airflow.sdk.exceptions import (
+                AirflowFailException,
+                AirflowRescheduleException,
+                AirflowSkipException,
+                DagRunTriggerException,
+                DownstreamTasksSkipped,
+            )
+
+            if isinstance(exc, (AirflowSkipException, AirflowFailException, AirflowRescheduleException,
+                                DagRunTriggerException, DownstreamTasksSkipped)):
+                raise  # Airflow's own control flow (skip, fail now, reschedule...), not an error
             from seedance_tasks.boundary import classify
 
             error = classify(exc)
             if error.retryable or isinstance(exc, retry_on):
                 raise
-            import logging
-
-            from airflow.sdk.exceptions import AirflowFailException
-
             logging.getLogger("seedance_tasks.dag").error("task failed (not retried)", exc_info=exc)
             raise AirflowFailException(f"error: {error}") from exc
 

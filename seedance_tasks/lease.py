@@ -121,9 +121,9 @@ def _parse_time(value: str) -> datetime:
 
 def default_ttl() -> float:
     """The configured lease TTL (`storage.lease_ttl`), in seconds."""
-    from seedance_tasks.config import load_settings
+    from seedance_tasks.config import load_section
 
-    return float(load_settings().storage.lease_ttl)
+    return float(load_section("storage").lease_ttl)
 
 
 # --------------------------------------------------------------------------- backends

@@ -66,9 +66,9 @@ class Location:
 
 
 def _s3_settings():
-    from seedance_tasks.config import load_settings
+    from seedance_tasks.config import load_section
 
-    return load_settings().storage.s3
+    return load_section("storage").s3
 
 
 def _airflow_connection(s3_settings) -> dict[str, Any]:

@@ -65,9 +65,19 @@ def run_dag(airflow_db, dagbag):
     """Run a DAG for real with `dag.test()`; returns the DagRun. Does not assert success itself."""
 
     def _run(dag_id: str, conf: dict | None = None, logical_date=None):
+        import copy
+
         assert not dagbag.import_errors, dagbag.import_errors
         dag = dagbag.dags[dag_id]
-        return dag.test(run_conf=conf or {}, logical_date=logical_date)
+        # dag.test() runs the tasks in this process, and merging a run's conf sets the values of
+        # the tasks' own Param objects: without this, a key of one run's conf leaks into the next
+        # run of the same DAG whose conf lacks it (the form's defaults would not be tested)
+        saved = {task.task_id: copy.deepcopy(task.params) for task in dag.tasks}
+        try:
+            return dag.test(run_conf=conf or {}, logical_date=logical_date)
+        finally:
+            for task in dag.tasks:
+                task.params = saved[task.task_id]
 
     return _run
 

@@ -4,34 +4,35 @@ from __future__ import annotations
 
 from typing import Any
 
-from seedance_tasks.dag_support import fail_fast
-from seedance_tasks.errors import UsageError
+from seedance_tasks.dag_support import fail_fast, run_settings, skip
+
+SETTINGS_PARAMS = {"store": "store", "inbox": "inbox", "min_age": "inbox_min_age", "codec": "codec",
+                   "keyframe_every": "keyframe_every"}
+"""DAG param -> `checkpoint:` key: the run's settings are config's section, then these params."""
 
 
 def _settings(params: dict | None):
-    from seedance_tasks.config import load_settings, settings_with
-
+    """The run's `checkpoint:` settings (config, then params); `lossy: none` turns config's off."""
     params = params or {}
-    overrides = {
-        "store": params.get("store") or None,
-        "inbox": params.get("inbox") or None,
-        "inbox_min_age": params.get("min_age") or None,
-    }
-    settings = settings_with(load_settings(), "checkpoint", **overrides)
-    if not settings.inbox or not settings.store:
-        raise UsageError(
-            "the checkpoint DAG needs an inbox and a store",
-            hint="pass inbox/store in the run's parameters or set checkpoint.inbox/checkpoint.store in config",
-        )
+    settings = run_settings("checkpoint", params, SETTINGS_PARAMS)
+    if params.get("lossy"):
+        settings.lossy = None if params["lossy"] == "none" else params["lossy"]
     return settings
 
 
 @fail_fast
 def scan_task(params: dict | None) -> dict[str, Any]:
-    """List the inbox files ready to compress (mapped over by `ingest`)."""
+    """List the inbox files ready to compress (mapped over by `ingest`).
+
+    Skipped, with the reason, when no inbox or store is configured (nothing to do yet).
+    """
     from seedance_tasks.checkpoint import ingest
 
     settings = _settings(params)
+    missing = [name for name in ("inbox", "store") if not getattr(settings, name)]
+    if missing:
+        skip("no checkpoint " + " and no ".join(missing) + ": set the " + "/".join(missing)
+             + " param(s), or " + ", ".join(f"checkpoint.{name}" for name in missing) + " in config/seedance.yaml")
     found = ingest.scan(settings.inbox, settings.inbox_min_age)
     return {"items": found["ready"], "skipped": found["skipped"], "inbox": settings.inbox, "store": settings.store}
 
@@ -46,33 +47,48 @@ def ingest_task(item: dict, params: dict | None, run_id: str | None = None) -> d
     from seedance_tasks.checkpoint import ingest
     from seedance_tasks.dag_support import airflow_lease_holder
 
-    params = params or {}
     settings = _settings(params)
-    lossy = params.get("lossy") or None
     return ingest.ingest_one(
         item, settings.inbox, settings.store, settings, run_id=run_id, holder=airflow_lease_holder(),
-        codec=params.get("codec") or None, keyframe_every=params.get("keyframe_every") or None,
-        lossy=None if lossy == "none" else lossy,
+        codec=settings.codec, keyframe_every=settings.keyframe_every, lossy=settings.lossy,
     )
 
 
 @fail_fast
-def report_task(scanned: dict, results: list[dict]) -> dict[str, Any]:
-    """One summary for the run: counts by status, bytes, ratio, problems (quarantined, conflicts)."""
+def report_task(scanned: dict, results: list[dict], asset=None) -> dict[str, Any]:
+    """One summary for the run: counts by status, bytes, ratio, problems (quarantined, conflicts).
+
+    The event on `asset` (the store) carries the store URI, the runs and steps stored and the bytes.
+    """
     from seedance_tasks.checkpoint import ingest
 
-    summary = ingest.report(list(results))
+    results = list(results)
+    summary = ingest.report(results)
     summary["skipped"] = scanned.get("skipped", [])
     summary["store"] = scanned.get("store")
+    if asset is not None:
+        from seedance_tasks.dag_support import announce
+
+        stored = [r for r in results if r.get("status") == "stored"]
+        announce(asset, {
+            "store": summary["store"], "runs": summary["runs"],
+            "steps": {run: sorted(r["step"] for r in stored if r["run"] == run) for run in summary["runs"]},
+            "files": summary["files"], "stored": len(stored), "raw_bytes": summary["raw_bytes"],
+            "stored_bytes": summary["stored_bytes"], "ratio": summary["ratio"], "source": "seedance_checkpoints",
+        })
     return summary
 
 
 @fail_fast
 def purge_task(params: dict | None) -> dict[str, Any]:
-    """Free the inbox trash (retired raw checkpoints) older than `purge_older_than`."""
+    """Free the inbox trash (retired raw checkpoints) older than `purge_older_than` (empty:
+    `storage.trash_retention`)."""
     from seedance_tasks import journal, storage
+    from seedance_tasks.config import load_section
     from seedance_tasks.units import parse_duration
 
     params = params or {}
     settings = _settings(params)
-    return journal.purge_trash(storage.resolve(settings.inbox), parse_duration(params.get("purge_older_than") or "7d"))
+    older = params.get("purge_older_than")
+    older_s = parse_duration(older) if older else load_section("storage").trash_retention
+    return journal.purge_trash(storage.resolve(settings.inbox), older_s)

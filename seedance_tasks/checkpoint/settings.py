@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from seedance_tasks.config import StrictModel
+from seedance_tasks.settings_base import StrictModel
 from seedance_tasks.units import ByteSize, Duration
 
 Codec = Literal["auto", "zstd", "lz4", "bgzstd", "delta"]

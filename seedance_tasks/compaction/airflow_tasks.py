@@ -7,38 +7,58 @@ releases it; a failed DAG run's lease expires by its TTL.
 
 from __future__ import annotations
 
-from seedance_tasks.dag_support import airflow_lease_holder, fail_fast
+from typing import Any
+
+from seedance_tasks.dag_support import airflow_lease_holder, fail_fast, run_settings, skip, triggering_extras
 from seedance_tasks.errors import UsageError
+
+SETTINGS_PARAMS = {"target_file_size": "target_file_size", "small_file_size": "small_file_size",
+                   "min_age": "min_age"}
+"""DAG param -> `compaction:` key: the run's settings are config's section, then these params."""
+SIGNAL_ASSETS = ("seedance_signal_small_files",)
 
 
 def _settings(params: dict):
-    from seedance_tasks.config import load_settings, settings_with
+    return run_settings("compaction", params, SETTINGS_PARAMS)
 
-    return settings_with(
-        load_settings(), "compaction",
-        target_file_size=params.get("target_file_size"),
-        small_file_size=params.get("small_file_size") or None,
-        min_age=params.get("min_age"),
-    )
+
+def lakes_to_compact(params: dict, settings, events=None) -> list[dict[str, Any]]:
+    """The lakes of a run, `[{"uri", "dry_run"}]`: the targets named by the small-files events
+    that triggered it (each a dry run unless the event applies), else the `uri` param, else
+    `compaction.default_uri`; [] when none is set. The `dry_run` param makes every lake a dry run."""
+    forced_dry = bool(params.get("dry_run"))
+    extras = triggering_extras(events, SIGNAL_ASSETS)
+    if extras:
+        lakes: dict[str, bool] = {}
+        for extra in extras:
+            for target in extra.get("targets") or []:
+                conf = target.get("conf") or {}
+                if target.get("dag_id", "seedance_compaction") == "seedance_compaction" and conf.get("uri"):
+                    lakes[conf["uri"]] = forced_dry or bool(conf.get("dry_run", True))
+        return [{"uri": uri, "dry_run": dry} for uri, dry in lakes.items()]
+    uri = params.get("uri") or settings.default_uri
+    return [{"uri": uri, "dry_run": forced_dry}] if uri else []
 
 
 @fail_fast
-def plan_task(params: dict) -> dict:
-    """Take the lake's lease, recover, plan and save the plan; returns {"run_id", "plan_uri", "groups", ...}.
+def plan_task(params: dict, events=None) -> dict:
+    """Take each lake's lease, recover, plan and save the plan; returns {"lakes": [plan...], "groups"}.
 
-    A scheduled run with no URI configured is skipped, not failed.
+    A run with no lake (no `uri` param, no `compaction.default_uri`, no event target) is skipped
+    with the reason, not failed.
     """
-    from airflow.sdk.exceptions import AirflowSkipException
-
     from seedance_tasks.compaction.run import plan_for_dag
 
     settings = _settings(params)
-    uri = params.get("uri") or settings.default_uri
-    if not uri:
-        raise AirflowSkipException(
-            "no dataset to compact: set the `uri` param, or compaction.default_uri in config/seedance.yaml"
-        )
-    return plan_for_dag(uri, settings, holder=airflow_lease_holder(), dry_run=bool(params.get("dry_run")))
+    lakes = lakes_to_compact(params, settings, events)
+    if not lakes:
+        skip("no dataset to compact: set the `uri` param, or compaction.default_uri in config/seedance.yaml")
+    planned = []
+    for lake in lakes:
+        one = plan_for_dag(lake["uri"], settings, holder=airflow_lease_holder(), dry_run=lake["dry_run"])
+        planned.append({"uri": lake["uri"], **one, "dry_run": lake["dry_run"]})
+    groups = [{**group, "lake": index} for index, one in enumerate(planned) for group in one.pop("groups")]
+    return {"lakes": planned, "groups": groups, "settings": settings.model_dump(mode="json")}
 
 
 @fail_fast
@@ -50,35 +70,67 @@ def compact_group_task(group: dict) -> dict:
 
 
 @fail_fast
-def report_task(planned: dict, results: list[dict]) -> dict:
-    """The run's report, as `seedance compact --json` prints it."""
+def report_task(planned: dict, results: list[dict], asset=None) -> dict:
+    """The run's report, as `seedance compact --json` prints it (one per lake under "lakes" when
+    the run compacted several); the event on `asset` carries its URIs and figures."""
     from seedance_tasks.compaction.plan import CompactionPlan
     from seedance_tasks.compaction.run import load_plan, summarize
     from seedance_tasks.compaction.settings import CompactionSettings
 
-    if "dry_run_report" in planned:
-        return planned["dry_run_report"]
+    if "lakes" not in planned:  # one lake's `plan_for_dag` output
+        planned = {"lakes": [planned], "groups": [{**g, "lake": 0} for g in planned["groups"]],
+                   "settings": planned["settings"]}
     settings = CompactionSettings.model_validate(planned["settings"])
-    if planned["plan_uri"]:
-        plan = load_plan(planned["plan_uri"])
-    else:
-        plan = CompactionPlan(planned["run_id"], planned["uri"])
-    flat = [result for group in results for result in group["results"]]
-    recovered = list(planned["recovered"]) + [item for group in results for item in group.get("recovered", [])]
-    return summarize(plan, flat, settings, recovered=recovered, dry_run=planned["dry_run"])
+    summaries = []
+    for index, lake in enumerate(planned["lakes"]):
+        if "dry_run_report" in lake:
+            summaries.append(lake["dry_run_report"])
+            continue
+        plan = load_plan(lake["plan_uri"]) if lake["plan_uri"] else CompactionPlan(lake["run_id"], lake["uri"])
+        mine = [result for group, result in zip(planned["groups"], results, strict=True) if group["lake"] == index]
+        flat = [item for result in mine for item in result["results"]]
+        recovered = list(lake["recovered"]) + [item for result in mine for item in result.get("recovered", [])]
+        summaries.append(summarize(plan, flat, settings, recovered=recovered, dry_run=lake["dry_run"]))
+    summary = summaries[0] if len(summaries) == 1 else {"lakes": summaries, "dry_run": all(
+        s["dry_run"] for s in summaries)}
+    if asset is not None:
+        from decimal import Decimal
+
+        from seedance_tasks.dag_support import announce
+
+        totals = {key: sum(s.get(key) or 0 for s in summaries) for key in
+                  ("partitions_compacted", "files_before", "files_after", "bytes_before", "bytes_after", "rows")}
+        announce(asset, {
+            "uris": [s["uri"] for s in summaries], "run_ids": [s["run_id"] for s in summaries],
+            "dry_run": summary["dry_run"], **totals,
+            "estimated_monthly_saving_usd": str(sum(
+                (Decimal(s["estimated_monthly_saving"]["usd"]) for s in summaries), Decimal(0))),
+        })
+    return summary
+
+
+def lake_summaries(summary: dict) -> list[dict]:
+    """The per-lake reports of a run's summary (one, or several under "lakes")."""
+    return summary["lakes"] if "lakes" in summary else [summary]
 
 
 @fail_fast
 def purge_task(params: dict, summary: dict | None) -> dict:
-    """Purge the lake's trash runs older than the `purge_older_than` param and release the
-    DAG run's lease (nothing is purged on dry runs)."""
+    """Purge each lake's trash runs older than the `purge_older_than` param (empty:
+    `storage.trash_retention`) and release the DAG run's lease (nothing is purged on dry runs)."""
     from seedance_tasks.compaction.run import purge_for_dag
+    from seedance_tasks.config import load_section
     from seedance_tasks.units import parse_duration
 
     if not summary:
         return {"purged": [], "reason": "nothing compacted"}
     try:
-        older_than = parse_duration(params.get("purge_older_than") or "7d")
+        older = (params or {}).get("purge_older_than")
+        older_than = parse_duration(older) if older else load_section("storage").trash_retention
     except UsageError as exc:
         raise UsageError(f"param purge_older_than: {exc.message}") from None
-    return purge_for_dag(summary["uri"], older_than, holder=airflow_lease_holder(), apply=not summary["dry_run"])
+    results = [purge_for_dag(lake["uri"], older_than, holder=airflow_lease_holder(), apply=not lake["dry_run"])
+               for lake in lake_summaries(summary)]
+    if len(results) == 1:
+        return results[0]
+    return {"purged": [run for result in results for run in result.get("purged", [])], "lakes": results}

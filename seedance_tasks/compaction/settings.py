@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from seedance_tasks.config import StrictModel
+from seedance_tasks.settings_base import StrictModel
 from seedance_tasks.units import ByteSize, Duration
 
 

@@ -14,25 +14,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from seedance_tasks.dag_support import fail_fast
+from seedance_tasks.dag_support import fail_fast, run_settings, skip
 from seedance_tasks.errors import UsageError
+
+SHARD_PARAMS = {"shard_size": "shard_size", "check_decode": "check_decode"}
+PREPROCESS_PARAMS = {"image_size": "size", "io_workers": "io_workers", "cpu_workers": "cpu_workers",
+                     "shards_per_group": "shards_per_group"}
+"""DAG param -> `shards:` / `preprocess:` key: a run's settings are config's sections, then these params."""
 
 
 def _settings(params: dict[str, Any]):
-    from seedance_tasks.config import load_settings, settings_with
-
-    settings = load_settings()
-    check_decode = params.get("check_decode")
-    shards = settings_with(settings, "shards", shard_size=params.get("shard_size") or None,
-                           check_decode=None if check_decode is None else bool(check_decode))
-    preprocess = settings_with(
-        settings, "preprocess",
-        size=params.get("image_size") or None,
-        io_workers=params.get("io_workers") or None,
-        cpu_workers=params.get("cpu_workers") or None,
-        shards_per_group=params.get("shards_per_group") or None,
-    )
-    return shards, preprocess
+    """The run's `shards:` and `preprocess:` settings: config, then the non-empty params."""
+    return run_settings("shards", params, SHARD_PARAMS), run_settings("preprocess", params, PREPROCESS_PARAMS)
 
 
 def locations(params: dict[str, Any]) -> dict[str, str]:
@@ -53,6 +46,8 @@ def build_task(params: dict[str, Any]) -> dict[str, Any]:
     from seedance_tasks.dag_support import airflow_lease_holder
     from seedance_tasks.shards.build import build
 
+    if not (params.get("source") or "").strip():
+        skip("nothing to preprocess: set the `source` param (samples, a Parquet dataset or shards)")
     where = locations(params)
     if where["kind"] == "shards":
         return {**where, "built": False, "rejected": 0}
@@ -60,6 +55,9 @@ def build_task(params: dict[str, Any]) -> dict[str, Any]:
     result = build(where["source"], where["shards"], settings=shard_settings,
                    shuffle=bool(params.get("shuffle")), seed=int(params.get("seed") or 0),
                    holder=airflow_lease_holder())
+    from seedance_tasks.dag_support import log_reports
+
+    log_reports({"build": result.get("report")})
     return {**where, "built": not result["up_to_date"], "shard_count": result["shards"],
             "samples": result["samples"], "rejected": len(result["rejected"]), "report": result.get("report"),
             "mb_per_s": None if result["up_to_date"] else result.get("mb_per_s")}
@@ -110,17 +108,26 @@ def preprocess_group_task(group: dict[str, Any], params: dict[str, Any]) -> dict
 
 
 @fail_fast
-def finalize_task(built: dict[str, Any], results: list[dict[str, Any]]) -> dict[str, Any]:
-    """Write the output index and one summary of the run; releases the output's lease."""
+def finalize_task(built: dict[str, Any], results: list[dict[str, Any]], asset=None) -> dict[str, Any]:
+    """Write the output index and one summary of the run; releases the output's lease. The event
+    on `asset` carries the output URI, its index and its counts."""
     from seedance_tasks.dag_support import airflow_lease_holder
     from seedance_tasks.preprocess.run import finalize
 
     index = finalize(built["out"], holder=airflow_lease_holder())
     rates = [r["samples_per_s"] for r in results if r.get("samples_per_s")]
-    return {
+    summary = {
         "shards_uri": built["shards"], "out": built["out"], "index": index["index"],
         "output_shards": index["shards"], "samples_out": index["samples"], "failed": index["failed"],
         "rejected_at_build": built.get("rejected", 0),
         "samples_in_this_run": sum(r["samples_in"] for r in results),
         "mean_group_samples_per_s": round(sum(rates) / len(rates), 1) if rates else None,
     }
+    if asset is not None:
+        from seedance_tasks.dag_support import announce
+
+        failed = summary["failed"]
+        announce(asset, {**{key: summary[key] for key in ("shards_uri", "out", "index", "output_shards", "samples_out")},
+                         "failed": len(failed) if isinstance(failed, list) else failed},
+                 reports={"index": summary["index"]})
+    return summary

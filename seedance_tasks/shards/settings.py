@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from seedance_tasks.config import StrictModel
+from seedance_tasks.settings_base import StrictModel
 from seedance_tasks.units import ByteSize
 
 

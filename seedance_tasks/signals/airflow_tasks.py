@@ -47,9 +47,13 @@ def _inputs(params: dict):
 
 @fail_fast
 def prepare_task(params: dict, logical_date=None) -> dict[str, Any]:
-    """The night audited and the rules to map over."""
+    """The night audited and the rules to map over; skipped, with the reason, when no output root
+    is configured (the `out` param, or `signals.root`)."""
+    from seedance_tasks.dag_support import skip
     from seedance_tasks.signals.registry import RULES
 
+    if not ((params or {}).get("out") or _settings().root):
+        skip("no output root for the signals: set the `out` param, or signals.root in config/seedance.yaml")
     return {"date": _day(params, logical_date).isoformat(), "rules": list(RULES)}
 
 
@@ -107,6 +111,7 @@ def notify_task(summary: dict, params: dict) -> dict[str, Any]:
     return {"sent": send_all(night, root, _settings())}
 
 
+@fail_fast
 def fix_task(signal: str, summary: dict, params: dict, outlet_events, asset) -> dict[str, Any]:
     """Emit `asset`'s event carrying the fixes of `signal`'s new findings; skipped (no event) if none."""
     from airflow.sdk.exceptions import AirflowSkipException

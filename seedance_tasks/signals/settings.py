@@ -8,7 +8,7 @@ from decimal import Decimal
 
 from pydantic import Field
 
-from seedance_tasks.config import StrictModel
+from seedance_tasks.settings_base import StrictModel
 from seedance_tasks.units import ByteSize, Duration
 
 

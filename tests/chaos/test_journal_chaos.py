@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from seedance_tasks import storage
-from seedance_tasks import faults
+from seedance_tasks import faults, storage
 from tests.chaos.harness import call_in_process, points_hit, run_task
 
 TARGET = "tests.chaos.tasks:replace_files"

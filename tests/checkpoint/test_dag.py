@@ -38,7 +38,7 @@ def test_dag_compresses_the_inbox_verifies_and_retires(tmp_path, run_dag, gpt_st
     os.utime(fresh, None)  # just written: too young
 
     dag = dagbag.dags["seedance_checkpoints"]
-    assert dag.params["codec"] == "auto" and not dagbag.import_errors
+    assert dag.params["codec"] is None and not dagbag.import_errors  # empty: checkpoint.codec from config
     conf = {"inbox": str(inbox), "store": str(store), "min_age": "10m"}
     run = run_dag("seedance_checkpoints", conf)
     assert run.state == "success"
