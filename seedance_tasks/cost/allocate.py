@@ -25,7 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from seedance_tasks import storage
-from seedance_tasks.cost.ingest import DICT, LINES, TS
+from seedance_tasks.cost.ingest import CARRIED_MONEY, DICT, LINES, TS
 from seedance_tasks.cost.money import MONEY, ZERO, fmt, largest_remainder
 from seedance_tasks.cost.owners import (
     Match,
@@ -38,17 +38,30 @@ from seedance_tasks.cost.owners import (
     usage_path,
 )
 
-ALLOCATIONS = pa.schema(
-    [
-        *LINES,
-        ("x_Cost", MONEY),
-        ("x_Owner", DICT),
-        ("x_OwnerSource", DICT),
-        ("x_TagConflict", DICT),
-        ("AllocatedMethodId", DICT),
-        ("AllocatedMethodDetails", DICT),
-    ]
-)
+ALLOCATED = [
+    ("x_Cost", MONEY),
+    ("x_Owner", DICT),
+    ("x_OwnerSource", DICT),
+    ("x_TagConflict", DICT),
+    ("AllocatedMethodId", DICT),
+    ("AllocatedMethodDetails", DICT),
+    ("AllocatedResourceId", pa.string()),
+    ("AllocatedResourceName", pa.string()),
+    ("AllocatedTags", DICT),
+]
+"""The columns allocation adds to a line: Seedance's (`x_`) and FOCUS 1.3's allocation columns."""
+ALLOCATED_NAMES = tuple(name for name, _ in ALLOCATED)
+
+
+def allocations_schema(lines: pa.Schema = LINES) -> pa.Schema:
+    """The allocated lines of `lines` (LINES plus any carried source columns): those and ALLOCATED,
+    FOCUS columns first, then the custom `x_` ones (as FOCUS asks)."""
+    fields = [*lines, *(pa.field(name, kind) for name, kind in ALLOCATED)]
+    return pa.schema([field for field in fields if not field.name.startswith("x_")]
+                     + [field for field in fields if field.name.startswith("x_")])
+
+
+ALLOCATIONS = allocations_schema()
 MATCH_COLUMNS = {"account": "BillingAccountId", "sub_account": "SubAccountId", "resource_id": "ResourceId",
                  "resource_name": "ResourceName", "service": "ServiceName"}
 SPLIT_QUANTUM = Decimal("0.01")
@@ -292,15 +305,18 @@ class Attributor:
                 free = shared < 0
                 shared[free & self._condition(batch, rule.match, None, rule.valid_from, rule.valid_to, cache)] = number
 
-        columns = {name: batch.column(name) for name in LINES.names}
+        schema = allocations_schema(batch.schema)
+        columns = {name: batch.column(name) for name in batch.schema.names}
         columns.update(
             x_Cost=batch.column(self.basis), x_Owner=self.owner_codes.array(_arrow_codes(owner)),
             x_OwnerSource=self.source_codes.array(_arrow_codes(source)),
             x_TagConflict=(pa.nulls(length, DICT) if (conflict_per_value < 0).all()
                            else self.conflict_codes.array(_arrow_codes(conflict_per_value[index]))),
             AllocatedMethodId=pa.nulls(length, DICT), AllocatedMethodDetails=pa.nulls(length, DICT),
+            AllocatedResourceId=pa.nulls(length, pa.string()), AllocatedResourceName=pa.nulls(length, pa.string()),
+            AllocatedTags=pa.nulls(length, DICT),
         )
-        out = pa.RecordBatch.from_arrays([columns[name] for name in ALLOCATIONS.names], schema=ALLOCATIONS)
+        out = pa.RecordBatch.from_arrays([columns[name] for name in schema.names], schema=schema)
         is_shared = shared >= 0
         if not is_shared.any():
             return [out]
@@ -310,20 +326,21 @@ class Attributor:
 
     def _split(self, lines: pa.RecordBatch, rule_ids: list[str]) -> pa.RecordBatch:
         rows: list[dict[str, Any]] = []
+        money = ["BilledCost", "EffectiveCost", *(name for name in CARRIED_MONEY if name in lines.schema.names)]
         for line, rule_id in zip(lines.to_pylist(), rule_ids, strict=True):
             split = self.splits[rule_id]
-            billed = largest_remainder(line["BilledCost"], split.weights, SPLIT_QUANTUM)
-            effective = largest_remainder(line["EffectiveCost"], split.weights, SPLIT_QUANTUM)
+            parts = {name: largest_remainder(line[name], split.weights, SPLIT_QUANTUM)
+                     for name in money if line[name] is not None}
             for index, owner in enumerate(split.owners):
                 part = dict(line)
+                part.update({name: amounts[index] for name, amounts in parts.items()})
                 part.update(
-                    BilledCost=billed[index], EffectiveCost=effective[index],
-                    x_Cost=billed[index] if self.basis == "BilledCost" else effective[index],
-                    x_Owner=owner, x_OwnerSource=f"shared:{rule_id}",
+                    x_Cost=part[self.basis], x_Owner=owner, x_OwnerSource=f"shared:{rule_id}",
                     AllocatedMethodId=rule_id, AllocatedMethodDetails=split.details,
+                    AllocatedTags=json.dumps({"x_Owner": owner}, sort_keys=True),
                 )
                 rows.append(part)
-        return pa.RecordBatch.from_pylist(rows, schema=ALLOCATIONS)
+        return pa.RecordBatch.from_pylist(rows, schema=lines.schema)
 
 
 @dataclass

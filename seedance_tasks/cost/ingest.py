@@ -45,6 +45,24 @@ LINES = pa.schema(
         ("x_Estimated", pa.bool_()),
     ]
 )
+FOCUS_COLUMNS = frozenset(
+    "AvailabilityZone BilledCost BillingAccountId BillingAccountName BillingAccountType BillingCurrency "
+    "BillingPeriodEnd BillingPeriodStart CapacityReservationId CapacityReservationStatus ChargeCategory ChargeClass "
+    "ChargeDescription ChargeFrequency ChargePeriodEnd ChargePeriodStart CommitmentDiscountCategory "
+    "CommitmentDiscountId CommitmentDiscountName CommitmentDiscountQuantity CommitmentDiscountStatus "
+    "CommitmentDiscountType CommitmentDiscountUnit ConsumedQuantity ConsumedUnit ContractedCost ContractedUnitPrice "
+    "EffectiveCost InvoiceId InvoiceIssuerName ListCost ListUnitPrice PricingCategory PricingCurrency "
+    "PricingCurrencyContractedUnitPrice PricingCurrencyEffectiveCost PricingCurrencyListUnitPrice PricingQuantity "
+    "PricingUnit ProviderName PublisherName RegionId RegionName ResourceId ResourceName ResourceType ServiceCategory "
+    "ServiceName ServiceSubcategory SkuId SkuMeter SkuPriceDetails SkuPriceId SubAccountId SubAccountName "
+    "SubAccountType Tags".split()
+)
+"""The FOCUS 1.2 columns (what a source line keeps through allocation, typed as below)."""
+CARRIED_MONEY = ["ListCost", "ContractedCost", "PricingCurrencyEffectiveCost"]
+"""Carried cost columns: exact MONEY, split like BilledCost on a shared line."""
+CARRIED_NUMBERS = ["ListUnitPrice", "ContractedUnitPrice", "PricingQuantity", "ConsumedQuantity",
+                   "CommitmentDiscountQuantity", "PricingCurrencyListUnitPrice", "PricingCurrencyContractedUnitPrice"]
+CARRIED_TIMES = ["BillingPeriodStart", "BillingPeriodEnd", "ChargePeriodEnd"]
 REQUIRED = ["ChargePeriodStart", "BillingCurrency", "BilledCost", "EffectiveCost"]
 READ_COLUMNS = [*REQUIRED, "ChargePeriodEnd", *TEXT_COLUMNS, "x_Estimated"]
 NULL_STRINGS = ["NULL", "null", ""]
@@ -53,6 +71,61 @@ _FIRST = pa.scalar(datetime(1, 1, 1, tzinfo=UTC), TS)
 _LAST = pa.scalar(datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=UTC), TS)
 
 Rejected = list[dict[str, Any]]
+
+
+def carried_name(column: str) -> str:
+    """The name a carried source column has in the lines: FOCUS and `x_` names as they are, others `x_`-prefixed."""
+    return column if column in FOCUS_COLUMNS or column.startswith("x_") else f"x_{column}"
+
+
+def carried_type(column: str) -> pa.DataType:
+    """The Arrow type of a carried source column (by its source name)."""
+    if column in CARRIED_MONEY:
+        return MONEY
+    if column in CARRIED_NUMBERS:
+        return pa.float64()
+    if column in CARRIED_TIMES:
+        return TS
+    return pa.string()
+
+
+def lines_schema(carry: list[str] | tuple[str, ...] = ()) -> pa.Schema:
+    """LINES plus the source columns `carry` (source names, none of LINES), in their carried names and types."""
+    return pa.schema([*LINES, *[(carried_name(name), carried_type(name)) for name in carry]])
+
+
+def carried_columns(uri: str, reserved: tuple[str, ...] = ()) -> list[str]:
+    """The columns of the FOCUS billing files at `uri` that LINES does not hold (first seen first).
+
+    One whose carried name is a LINES column or `reserved` (the allocation's own) is left out.
+    """
+    taken = {*LINES.names, *reserved}
+    found: dict[str, None] = {}
+    for location, path in billing_files(uri):
+        source = posixpath.basename(path) if location.path == path else location.relative(path)
+        if path.endswith(".parquet"):
+            with location.fs.open_input_file(path) as handle:
+                names = pq.ParquetFile(handle).schema_arrow.names
+        else:
+            names = _csv_header(location.fs, path, source)
+        found.update((name, None) for name in names if name and carried_name(name) not in taken)
+    return list(found)
+
+
+def _carried(values: pa.Array, column: str) -> tuple[pa.Array, dict[int, str]]:
+    """One carried source column in its carried type; bad values null + reason."""
+    kind = carried_type(column)
+    if kind == MONEY:
+        return _money(values)
+    if kind == TS:
+        return _timestamps(_blank_as_null(values))
+    if kind == pa.float64():
+        values = _blank_as_null(values)
+        try:
+            return pc.cast(values, pa.float64()), {}
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            return _parse_each(values, lambda item: float(str(item)), pa.float64())
+    return _text(values), {}
 
 
 # --------------------------------------------------------------------------- conversions
@@ -211,6 +284,7 @@ def per_value(values: pa.Array, function) -> pa.Array:
 def normalise(
     columns: dict[str, pa.Array], first_row: int, source: str, *, default_currency: str | None = None,
     costs: tuple[str, ...] = ("BilledCost", "EffectiveCost"), known: dict[int, tuple[str, str]] | None = None,
+    carry: list[str] | tuple[str, ...] = (),
 ) -> tuple[pa.RecordBatch, Rejected]:
     """One batch of FOCUS-named columns as LINES, and the rows rejected with their reasons.
 
@@ -218,6 +292,8 @@ def normalise(
     EffectiveCost) or a malformed ChargePeriodEnd rejects the row; the other rows go on. `costs`
     narrows the cost columns read and checked (an allocation on one basis needs only that one);
     the other comes back null. `known` adds rejections the caller found ({index: (column, reason)}).
+    `carry` names source columns kept as they are (typed, see `lines_schema`); a malformed value
+    of a carried cost, number or timestamp rejects the row.
     """
     length = len(next(iter(columns.values()))) if columns else 0
     reasons: dict[int, tuple[str, str]] = dict(known or {})
@@ -265,10 +341,17 @@ def normalise(
         out[name], bad = _money(columns[name])
         for index, reason in bad.items():
             note(index, name, f"malformed {name}: {reason}")
-    if "ChargePeriodEnd" in columns:  # optional: a blank one is as good as none
+    if "ChargePeriodEnd" in columns and "ChargePeriodEnd" not in carry:  # optional: blank is as good as none
         _, bad = _timestamps(_blank_as_null(columns["ChargePeriodEnd"]))
         for index, reason in bad.items():
             note(index, "ChargePeriodEnd", f"malformed ChargePeriodEnd: {reason}")
+    for name in carry:
+        if name not in columns:
+            out[carried_name(name)] = pa.nulls(length, carried_type(name))
+            continue
+        out[carried_name(name)], bad = _carried(columns[name], name)
+        for index, reason in bad.items():
+            note(index, name, f"malformed {name}: {reason}")
     for name in DICT_COLUMNS:
         out[name] = as_dict(columns[name]) if name in columns else pa.nulls(length, DICT)
     for name in PLAIN_COLUMNS:
@@ -282,7 +365,8 @@ def normalise(
             note(index, "x_Estimated", f"malformed x_Estimated: {reason}")
     out["x_Row"] = pa.array(np.arange(first_row, first_row + length, dtype=np.int64))
 
-    batch = pa.RecordBatch.from_arrays([out[field.name] for field in LINES], schema=LINES)
+    schema = lines_schema(carry) if carry else LINES
+    batch = pa.RecordBatch.from_arrays([out[field.name] for field in schema], schema=schema)
     rejected: Rejected = []
     if reasons:
         keep = np.ones(length, bool)
@@ -390,22 +474,25 @@ def _parquet_batches(fs, path: str, source: str, batch_rows: int, columns: list[
 
 def read_focus(
     uri: str, *, batch_rows: int = 500_000, default_currency: str | None = None, columns: list[str] | None = None,
-    costs: tuple[str, ...] = ("BilledCost", "EffectiveCost"),
+    costs: tuple[str, ...] = ("BilledCost", "EffectiveCost"), carry: list[str] | tuple[str, ...] = (),
 ) -> Iterator[tuple[pa.RecordBatch, Rejected]]:
     """FOCUS lines from a CSV (plain or .gz) or Parquet file, or a folder of them, local or S3.
 
     `columns` limits what is read (ChargePeriodStart, BillingCurrency and the `costs` always
-    are); the others come back null.
+    are); the others come back null. `carry` (see `carried_columns`) adds source columns kept
+    as they are, for a FOCUS output (`lines_schema(carry)`).
     """
     base = {"ChargePeriodStart", "BillingCurrency", *costs}
     wanted = READ_COLUMNS if columns is None else [name for name in READ_COLUMNS if name in {*base, *columns}]
+    wanted = [*wanted, *(name for name in carry if name not in wanted)]
     for location, path in billing_files(uri):
         source = posixpath.basename(path) if location.path == path else location.relative(path)
         raw = _parquet_batches if path.endswith(".parquet") else _csv_batches
         first = 1
         try:
             for columns in raw(location.fs, path, source, batch_rows, wanted):
-                batch, rejected = normalise(columns, first, source, default_currency=default_currency, costs=costs)
+                batch, rejected = normalise(columns, first, source, default_currency=default_currency, costs=costs,
+                                            carry=carry)
                 first += len(next(iter(columns.values())))
                 yield batch, rejected
         except (pa.ArrowInvalid, OSError) as exc:

@@ -32,8 +32,15 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from seedance_tasks import faults, journal, lease, storage
-from seedance_tasks.cost.allocate import ALLOCATIONS, Attributor, Totals, in_month, shared_splits
-from seedance_tasks.cost.ingest import LINES, month_bounds
+from seedance_tasks.cost.allocate import (
+    ALLOCATED_NAMES,
+    Attributor,
+    Totals,
+    allocations_schema,
+    in_month,
+    shared_splits,
+)
+from seedance_tasks.cost.ingest import carried_columns, lines_schema, month_bounds
 from seedance_tasks.cost.money import exact, fmt
 from seedance_tasks.cost.owners import load_owners
 from seedance_tasks.errors import InputError, IntegrityError, SeedanceError, UsageError
@@ -166,12 +173,12 @@ def _job(data: dict[str, Any]) -> Job:
     return Job(**data)
 
 
-def _batches(job: Job, settings, info: dict[str, Any]):
+def _batches(job: Job, settings, info: dict[str, Any], carry: list[str]):
     from seedance_tasks.cost import ingest
 
     if job.format == "focus":
         yield from ingest.read_focus(job.billing, batch_rows=settings.batch_rows,
-                                     default_currency=job.currency or settings.default_currency)
+                                     default_currency=job.currency or settings.default_currency, carry=carry)
     elif job.format == "cur":
         yield from ingest.read_cur(job.billing, batch_rows=settings.batch_rows)
     else:
@@ -204,8 +211,10 @@ def ingest_stage(data: dict[str, Any]) -> dict[str, Any]:
     info: dict[str, Any] = {"rows_read": 0, "rows_in_month": 0}
     rejected: list[dict[str, Any]] = []
     rejected_count = 0
-    with _parquet_output(root, job.work_path("lines.parquet"), LINES) as writer:
-        for batch, bad in _batches(job, settings, info):
+    # a FOCUS source's other columns travel with its lines into the allocations (FOCUS out)
+    carry = carried_columns(job.billing, reserved=ALLOCATED_NAMES) if job.format == "focus" else []
+    with _parquet_output(root, job.work_path("lines.parquet"), lines_schema(carry)) as writer:
+        for batch, bad in _batches(job, settings, info, carry):
             info["rows_read"] += len(batch) + len(bad)
             for item in bad:
                 if item["month"] in (None, job.month):
@@ -236,8 +245,9 @@ def allocate_stage(data: dict[str, Any]) -> dict[str, Any]:
     root = job.root
     source = root.fs.open_input_file(job.work_path("lines.parquet"))
     try:
-        with _parquet_output(root, job.work_path("allocations.parquet"), ALLOCATIONS) as writer:
-            for batch in pq.ParquetFile(source).iter_batches(batch_size=settings.batch_rows):
+        lines = pq.ParquetFile(source)
+        with _parquet_output(root, job.work_path("allocations.parquet"), allocations_schema(lines.schema_arrow)) as writer:
+            for batch in lines.iter_batches(batch_size=settings.batch_rows):
                 for out in attributor.attribute(batch):
                     totals.add(out)
                     writer.write_batch(out)
