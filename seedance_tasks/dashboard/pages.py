@@ -97,10 +97,14 @@ def error_box(message: str) -> str:
     return f"<p class='err'>{escape(message)}</p>"
 
 
+def config_error(sources: Sources) -> str:
+    """The config's error box, or nothing: every page shows it, whatever roots it still found."""
+    return error_box(sources.error) if sources.error else ""
+
+
 def config_hint(sources: Sources, what: str) -> str:
     """What to configure, shown when no root of `what` is known."""
-    error = error_box(sources.error) if sources.error else ""
-    return f"{error}<p class='hint'><b>No {escape(what)} configured.</b> {HOW_TO_CONFIGURE}</p>"
+    return f"{config_error(sources)}<p class='hint'><b>No {escape(what)} configured.</b> {HOW_TO_CONFIGURE}</p>"
 
 
 # ----------------------------------------------------------------------------- overview
@@ -215,7 +219,7 @@ def _currency_section(view) -> str:
 
 
 def cost_page(sources: Sources, sections: list[str]) -> str:
-    body = "".join(sections) if sections else config_hint(sources, "cost output root (cost.out_uri)")
+    body = config_error(sources) + "".join(sections) if sections else config_hint(sources, "cost output root (cost.out_uri)")
     return layout("Cost recovery", "cost", body)
 
 
@@ -267,8 +271,8 @@ def _state(state: str | None) -> Raw:
 
 def safety_page(sources: Sources, runs: list[dict[str, Any]] | None, runs_error: str | None,
                 roots: list[tuple[Any, dict[str, Any] | None, str | None]]) -> str:
-    """Last run of each DAG, then per root: quarantine, trash, leases."""
-    parts = ["<h2>Last run of each DAG</h2>"]
+    """Last run of each DAG, then per root: quarantine, trash, leases (a config error first, always)."""
+    parts = [config_error(sources) if roots else "", "<h2>Last run of each DAG</h2>"]
     if runs_error:
         parts.append(error_box(runs_error))
     parts.append(table(
@@ -350,8 +354,8 @@ def training_page(sources: Sources, roots: list[tuple[Any, list | None, list[str
                 "<code>config/seedance.yaml</code> (or <code>SEEDANCE__TRAINING__LOG_DIR</code>): each run of "
                 "<code>seedance_training</code> writes its telemetry to <code>&lt;log_dir&gt;/&lt;run&gt;/telemetry/"
                 "</code>; or run <code>make demo</code> and then <code>make airflow</code>.</p>")
-        return layout("Training", "training", (error_box(sources.error) if sources.error else "") + hint)
-    parts = []
+        return layout("Training", "training", config_error(sources) + hint)
+    parts = [config_error(sources)]
     for root, runs, errors in roots:
         parts.append(f"<h2><code>{escape(root.uri)}</code> <span class='muted'>({escape(root.origin)})</span></h2>")
         parts += [error_box(error) for error in errors]
@@ -418,5 +422,5 @@ def findings_page(sources: Sources, sections: list[str]) -> str:
                 "<code>config/seedance.yaml</code> (or <code>SEEDANCE__SIGNALS__ROOT</code>): the nightly "
                 "<code>seedance_signals</code> audit writes <code>nights/&lt;date&gt;/findings.json</code> there; "
                 "or run <code>make demo</code> and then <code>make airflow</code>.</p>")
-        return layout("Open findings", "findings", (error_box(sources.error) if sources.error else "") + hint)
-    return layout("Open findings", "findings", "".join(sections))
+        return layout("Open findings", "findings", config_error(sources) + hint)
+    return layout("Open findings", "findings", config_error(sources) + "".join(sections))
