@@ -35,6 +35,36 @@ def stop_process(process: subprocess.Popen, grace_s: float = 10) -> None:
         process.wait(5)
 
 
+def standalone_env(home: Path, dags: Path, port: int) -> dict[str, str]:
+    """The environment of Airflow services with their own home, DAGs folder and API port (LocalExecutor,
+    SQLite), free of the test session's Airflow, Seedance and AWS settings; DAGs start unpaused."""
+    repo = Path(__file__).resolve().parents[1]
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("AIRFLOW", "SEEDANCE__", "AWS_"))}
+    env.update({
+        "AIRFLOW_HOME": str(home), "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}",
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False", "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+        "AIRFLOW__API__PORT": str(port), "AIRFLOW__API__HOST": "127.0.0.1",
+        "AIRFLOW__API__BASE_URL": f"http://127.0.0.1:{port}",
+        "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{port}/execution/",
+        "AIRFLOW__LOGGING__LOGGING_LEVEL": "WARNING",
+        "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
+        "SEEDANCE_CONFIG": str(repo / "config" / "seedance.yaml"),
+    })
+    return env
+
+
+def admin_token(home: Path, port: int) -> str:
+    """A JWT for the simple auth manager's generated admin, from the API server on `port`."""
+    passwords = json.loads((home / "simple_auth_manager_passwords.json.generated").read_text())
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/auth/token", method="POST",
+        data=json.dumps({"username": "admin", "password": passwords["admin"]}).encode(),
+        headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return json.loads(response.read())["access_token"]
+
+
 class AirflowServices:
     """Airflow commands and long-running services sharing one environment and home."""
 

@@ -7,14 +7,13 @@ Slow (about a minute and a half on two cores): it starts real Airflow services a
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from decimal import Decimal
 from pathlib import Path
 
 import pytest
 
-from tests.airflow_services import AirflowServices, free_port
+from tests.airflow_services import AirflowServices, free_port, standalone_env
 from tests.cost.helpers import three_months
 
 REPO = Path(__file__).resolve().parents[2]
@@ -30,18 +29,9 @@ def test_airflow_backfill_create_runs_three_past_months(tmp_path):
     shutil.copy(REPO / "dags" / "seedance_cost_recovery.py", dags)
     home = tmp_path / "airflow"
     port = free_port()
-    env = {key: value for key, value in os.environ.items()
-           if not key.startswith(("AIRFLOW", "SEEDANCE__", "AWS_"))}
+    env = standalone_env(home, dags, port)
     env.update({
-        "AIRFLOW_HOME": str(home), "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
-        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}",
-        "AIRFLOW__CORE__LOAD_EXAMPLES": "False", "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
-        "AIRFLOW__API__PORT": str(port), "AIRFLOW__API__HOST": "127.0.0.1",
-        "AIRFLOW__API__BASE_URL": f"http://127.0.0.1:{port}",
-        "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{port}/execution/",
-        "AIRFLOW__LOGGING__LOGGING_LEVEL": "WARNING",
         "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",  # a paused DAG's backfill runs stay queued
-        "SEEDANCE_CONFIG": str(REPO / "config" / "seedance.yaml"),
         # the regular run that unpausing creates (the latest month) needs these defaults
         "SEEDANCE__COST__BILLING_URI": str(billing), "SEEDANCE__COST__OWNERS_FILE": str(owners),
         "SEEDANCE__COST__OUT_URI": str(out),

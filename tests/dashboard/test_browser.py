@@ -8,7 +8,6 @@ tests/_artifacts/ (git-ignored).
 
 from __future__ import annotations
 
-import json
 import os
 import urllib.error
 import urllib.request
@@ -16,7 +15,7 @@ from decimal import Decimal
 
 import pytest
 
-from tests.airflow_services import AirflowServices, free_port
+from tests.airflow_services import AirflowServices, admin_token, free_port
 from tests.browser_support import Browser, chromium, dump_dom
 from tests.dashboard.conftest import HOSTILE, MONTHS, NIGHTS, RUN_NAMES, Cells, expected_cost_cells
 
@@ -58,13 +57,7 @@ def dashboard(tmp_path_factory, airflow_db, dagbag, chargeback, training_logs, f
     try:
         services.start("api-server", "api-server", "--port", str(port))
         services.wait_healthy(port)
-        passwords = json.loads((airflow_db / "simple_auth_manager_passwords.json.generated").read_text())
-        request = urllib.request.Request(
-            f"http://127.0.0.1:{port}/auth/token", method="POST",
-            data=json.dumps({"username": "admin", "password": passwords["admin"]}).encode(),
-            headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(request, timeout=30) as response:
-            token = json.loads(response.read())["access_token"]
+        token = admin_token(airflow_db, port)
         browser = Browser()
         base = f"http://127.0.0.1:{port}"
         cookie = [{"name": "_token", "value": token, "url": base + "/"}]

@@ -9,7 +9,6 @@ compacts exactly the lake the event names. Slow (a minute or two): real services
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import urllib.request
 from pathlib import Path
@@ -17,7 +16,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from tests.airflow_services import AirflowServices, free_port
+from tests.airflow_services import AirflowServices, admin_token, free_port, standalone_env
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -45,18 +44,7 @@ def test_a_small_files_event_runs_the_compaction_dag_on_its_lake(tmp_path):
     home = tmp_path / "airflow"
     home.mkdir()
     port = free_port()
-    env = {key: value for key, value in os.environ.items() if not key.startswith(("AIRFLOW", "SEEDANCE__", "AWS_"))}
-    env.update({
-        "AIRFLOW_HOME": str(home), "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
-        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}",
-        "AIRFLOW__CORE__LOAD_EXAMPLES": "False", "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
-        "AIRFLOW__API__PORT": str(port), "AIRFLOW__API__HOST": "127.0.0.1",
-        "AIRFLOW__API__BASE_URL": f"http://127.0.0.1:{port}",
-        "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{port}/execution/",
-        "AIRFLOW__LOGGING__LOGGING_LEVEL": "WARNING",
-        "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
-        "SEEDANCE_CONFIG": str(REPO / "config" / "seedance.yaml"),
-    })
+    env = standalone_env(home, dags, port)
     services = AirflowServices(home, env)
     services.airflow("db", "migrate")
     services.airflow("dags", "reserialize")
@@ -64,13 +52,7 @@ def test_a_small_files_event_runs_the_compaction_dag_on_its_lake(tmp_path):
         services.start("api-server", "api-server")
         services.wait_healthy(port)
         services.start("scheduler", "scheduler")
-        passwords = json.loads((home / "simple_auth_manager_passwords.json.generated").read_text())
-        request = urllib.request.Request(
-            f"http://127.0.0.1:{port}/auth/token", method="POST",
-            data=json.dumps({"username": "admin", "password": passwords["admin"]}).encode(),
-            headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(request, timeout=30) as response:
-            token = json.loads(response.read())["access_token"]
+        token = admin_token(home, port)
         assets = services.wait_until(
             lambda: _api(port, f"/api/v2/assets?name_pattern={SMALL_FILES.name}", token)["assets"], 120,
             "the compaction DAG's schedule asset to be registered")
