@@ -31,6 +31,7 @@ from airflow.sdk import (
     task,
 )
 
+from seedance_tasks.checkpoint.assets import CHECKPOINT_STORE
 from seedance_tasks.dag_support import (
     DEFAULT_ARGS,
     duration_param,
@@ -41,7 +42,6 @@ from seedance_tasks.dag_support import (
 )
 from seedance_tasks.signals.assets import CHECKPOINT_BLOAT
 
-CHECKPOINT_STORE = Asset(name="seedance_checkpoint_store", uri="seedance://checkpoints/store")
 LIFECYCLE_REPORT = Asset(name="seedance_checkpoint_lifecycle_report", uri="seedance://checkpoints/lifecycle")
 
 

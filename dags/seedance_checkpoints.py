@@ -16,8 +16,9 @@ DAG runs. Every empty field is taken from config/seedance.yaml.
 from __future__ import annotations
 
 import pendulum
-from airflow.sdk import Asset, AssetOrTimeSchedule, CronTriggerTimetable, dag, task
+from airflow.sdk import AssetOrTimeSchedule, CronTriggerTimetable, dag, task
 
+from seedance_tasks.checkpoint.assets import CHECKPOINT_INBOX, CHECKPOINT_STORE
 from seedance_tasks.dag_support import (
     DEFAULT_ARGS,
     duration_param,
@@ -26,9 +27,6 @@ from seedance_tasks.dag_support import (
     optional_param,
     tags,
 )
-
-CHECKPOINT_INBOX = Asset(name="seedance_checkpoint_inbox", uri="seedance://checkpoints/inbox")
-CHECKPOINT_STORE = Asset(name="seedance_checkpoint_store", uri="seedance://checkpoints/store")
 
 
 @dag(

@@ -22,11 +22,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pendulum
-from airflow.sdk import Asset, Param, dag, get_current_context, task
+from airflow.sdk import Param, dag, get_current_context, task
 
+from seedance_tasks.checkpoint.assets import CHECKPOINT_STORE
 from seedance_tasks.dag_support import DEFAULT_ARGS, from_config, optional_param, tags
-
-CHECKPOINT_STORE = Asset(name="seedance_checkpoint_store", uri="seedance://checkpoints/store")
 
 
 def _profile_names() -> list[str]:
