@@ -48,7 +48,7 @@ airflow: venv  ## Airflow's UI on http://localhost:8080 over the demo's home (ad
 	$(BIN)/airflow standalone
 
 bench: venv  ## every benchmark, each printing a ratio against its peers
-	for script in bench/*.py; do $(BIN)/python $$script || exit 1; done
+	for script in bench/[a-z]*.py; do echo "== $$script"; $(BIN)/python $$script || exit 1; done
 
 clean:
 	rm -rf $(DEMO_DIR) bench/_work
