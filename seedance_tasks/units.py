@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Annotated
 
@@ -17,6 +18,8 @@ _SIZE_UNITS = {
     "t": 1000**4, "tb": 1000**4, "tib": 1024**4,
 }
 _DURATION_UNITS = {"": 1, "s": 1, "m": 60, "min": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+# Far above any real size (1 EiB) or duration (~31,700 years); keeps int() and timers finite.
+_LARGEST = float(2**60)
 _NUMBER_UNIT = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
 
 
@@ -24,14 +27,24 @@ def _parse(value: str | int | float, units: dict[str, float], kind: str, hint: s
     if isinstance(value, bool):
         raise UsageError(f"not a {kind}: {value!r}", hint=hint)
     if isinstance(value, int | float):
-        if value < 0:
-            raise UsageError(f"a {kind} cannot be negative: {value!r}", hint=hint)
-        return float(value)
-    match = _NUMBER_UNIT.match(str(value))
-    unit = match.group(2).lower() if match else None
-    if not match or unit not in units:
+        number, unit = value, ""
+    else:
+        match = _NUMBER_UNIT.match(str(value))
+        unit = match.group(2).lower() if match else None
+        if not match or unit not in units:
+            raise UsageError(f"not a {kind}: {value!r}", hint=hint)
+        number = match.group(1)
+    try:
+        result = float(number) * units[unit]
+    except OverflowError:
+        result = math.inf
+    if math.isnan(result):
         raise UsageError(f"not a {kind}: {value!r}", hint=hint)
-    return float(match.group(1)) * units[unit]
+    if result < 0:
+        raise UsageError(f"a {kind} cannot be negative: {value!r}", hint=hint)
+    if result > _LARGEST:
+        raise UsageError(f"{kind} too large: {str(value)[:40]!r}", hint=hint)
+    return result
 
 
 def parse_size(value: str | int | float) -> int:

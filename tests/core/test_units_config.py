@@ -20,6 +20,14 @@ def test_parse_size_rejects_garbage_with_a_hint(text):
     assert "not a size" in info.value.message or "negative" in info.value.message
 
 
+@pytest.mark.parametrize("value", ["9" * 400 + "MiB", 10**400, float("inf"), float("nan"), -1.5, "99999999999TiB"])
+def test_absurd_numbers_are_usage_errors_not_crashes(value):
+    for parse in (parse_size, parse_duration):
+        with pytest.raises(UsageError) as info:
+            parse(value)
+        assert info.value.hint
+
+
 @pytest.mark.parametrize(("text", "seconds"), [("0", 0), ("90s", 90), ("30m", 1800), ("1h", 3600), ("7d", 604800)])
 def test_parse_duration(text, seconds):
     assert parse_duration(text) == seconds
