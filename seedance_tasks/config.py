@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import re
 from collections.abc import Mapping
 from functools import cache, lru_cache
 from pathlib import Path
@@ -64,6 +65,7 @@ SECTIONS: dict[str, str] = {
     "telemetry": "seedance_tasks.telemetry.settings:TelemetrySettings",
     "cost": "seedance_tasks.cost.settings:CostSettings",
     "signals": "seedance_tasks.signals.settings:SignalsSettings",
+    "notifications": "seedance_tasks.notifiers:NotificationSettings",
 }
 """Each section of `config/seedance.yaml` and its model (`module:Class`, imported on first use)."""
 
@@ -134,11 +136,23 @@ def _describe(error: ValidationError, source: str, prefix: str | None = None,
         if item["type"] == "extra_forbidden":
             lines.append(f"unknown key '{key}'")
         else:
-            lines.append(f"'{key}': {item['msg']} (got {item.get('input')!r})")
+            lines.append(f"'{key}': {item['msg']}{_shown_input(key, item.get('input'))}")
     return ConfigError(
         f"invalid settings in {source}: " + "; ".join(lines),
         hint="see config/seedance.yaml for every key and its default",
     )
+
+
+_SECRET_KEY = re.compile(r"(?i)password|secret|token|webhook|credential|key_id|access_key")
+
+
+def _shown_input(key: str, value: Any) -> str:
+    """` (got 'x')` for a scalar value; nothing for a whole section or list (it may hold secrets and
+    says less than the message) or for a key whose name says it is a secret."""
+    if isinstance(value, dict | list) or _SECRET_KEY.search(key):
+        return ""
+    text = repr(value)
+    return f" (got {text[:80] + '...' if len(text) > 80 else text})"
 
 
 _PARSED: dict[tuple, StrictModel] = {}

@@ -13,11 +13,42 @@ from seedance_tasks.units import _DURATION_UNITS, _SIZE_UNITS
 
 F = TypeVar("F", bound=Callable[..., Any])
 
+
+
+class FailureCallback:
+    """The `on_failure_callback` of every Seedance task: when a task fails for good (after its
+    retries), it alerts `notifications.on_failure` (e-mail through the smtp provider's
+    SmtpNotifier, a Slack-compatible webhook) with the DAG, run, task, try number, the error's
+    first line and the log URL. Config is read only then: parsing costs nothing, and with
+    nothing configured a failure sends nothing. Never raises (a failed alert is logged)."""
+
+    def __call__(self, context) -> None:
+        from seedance_tasks.airflow_notifiers import FailureNotifier
+
+        FailureNotifier().notify(context)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, FailureCallback)
+
+    def __hash__(self) -> int:
+        return hash(FailureCallback)
+
+    def __repr__(self) -> str:
+        return "seedance_tasks.dag_support.FailureCallback()"
+
+
+def failure_notifiers() -> list[Callable[[Any], None]]:
+    """The shared `on_failure_callback` list of Seedance DAGs (in `DEFAULT_ARGS`, so on every task):
+    cheap to build, no config read and no provider imported until a task fails."""
+    return [FailureCallback()]
+
+
 DEFAULT_ARGS = {
     "owner": "seedance",
     "retries": 2,
     "retry_delay": timedelta(minutes=2),
     "retry_exponential_backoff": True,
+    "on_failure_callback": failure_notifiers(),
 }
 
 

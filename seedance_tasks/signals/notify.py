@@ -1,17 +1,17 @@
 """Messages about findings: one per new or escalated finding, through Airflow's SmtpNotifier (to the
 owner's contact from `signals.contacts`, the CMDB's) and a Slack-compatible incoming webhook. A
 ledger under `<root>/_seedance/signals/` remembers what was sent, so a re-run sends nothing twice.
-Fix triggers (Asset events) use the same ledger."""
+Fix triggers (Asset events) use the same ledger. Delivery is `seedance_tasks.notifiers`' (shared with the
+cost notifications and the task-failure alerts)."""
 
 from __future__ import annotations
 
 import json
-import urllib.request
 from typing import Any
 
 from seedance_tasks import storage
 from seedance_tasks.cost.notify import Ledger
-from seedance_tasks.errors import UnavailableError
+from seedance_tasks.notifiers import NotificationSettings, send_email, send_webhook
 from seedance_tasks.signals.audit import night_findings
 
 STATE = "_seedance/signals"
@@ -52,34 +52,15 @@ def send_all(night: dict[str, Any], root: storage.Location, settings) -> list[di
         subject, text = message(finding)
         contact = settings.contacts.get(finding.get("owner") or "") or settings.default_contact
         if settings.smtp_conn_id and contact and _key("mail", finding) not in book:
-            from airflow.providers.smtp.notifications.smtp import SmtpNotifier
-
-            SmtpNotifier(to=contact, from_email=settings.mail_from, subject=subject,
-                         html_content=f"<pre>{_escape(text)}</pre>", smtp_conn_id=settings.smtp_conn_id).notify({})
+            send_email([contact], subject, text,
+                       NotificationSettings(smtp_conn_id=settings.smtp_conn_id, mail_from=settings.mail_from))
             book.record(_key("mail", finding), {"to": contact, "subject": subject})
             sent.append({"channel": "mail", "to": contact, "id": finding["id"]})
-        if settings.webhook_url and _key("webhook", finding) not in book:
-            post_webhook(settings.webhook_url, f"*{subject}*\n{text}")
+        if settings.webhook.has_webhook and _key("webhook", finding) not in book:
+            send_webhook(settings.webhook, subject, text)
             book.record(_key("webhook", finding), {"subject": subject})
             sent.append({"channel": "webhook", "id": finding["id"]})
     return sent
-
-
-def _escape(text: str) -> str:
-    import html
-
-    return html.escape(text)
-
-
-def post_webhook(url: str, text: str) -> None:
-    """POST `{"text": ...}` as JSON (Slack's incoming-webhook format)."""
-    request = urllib.request.Request(url, data=json.dumps({"text": text}).encode(),
-                                     headers={"Content-Type": "application/json"}, method="POST")
-    try:
-        with urllib.request.urlopen(request, timeout=30) as response:
-            response.read()
-    except OSError as exc:
-        raise UnavailableError(f"webhook {url.split('?')[0]} failed: {exc}", hint="check signals.webhook_url") from None
 
 
 def fix_targets(night: dict[str, Any], signal: str, root: storage.Location, *, record: bool = True) -> list[dict]:

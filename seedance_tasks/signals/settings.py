@@ -6,8 +6,9 @@ from __future__ import annotations
 
 from decimal import Decimal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
+from seedance_tasks.notifiers import ENV_NAME, WebhookRef
 from seedance_tasks.settings_base import StrictModel
 from seedance_tasks.units import ByteSize, Duration
 
@@ -18,6 +19,20 @@ class InstanceSize(StrictModel):
 
 
 class SignalsSettings(StrictModel):
+    @model_validator(mode="before")
+    @classmethod
+    def _webhook_by_reference(cls, data):
+        if isinstance(data, dict):
+            WebhookRef.model_validate({key: data[key] for key in ("webhook_url", "webhook", "url", "webhook_conn",
+                                                                  "webhook_env") if data.get(key) is not None})
+            data = {key: value for key, value in data.items() if not (key == "webhook_url" and value is None)}
+        return data
+
+    @property
+    def webhook(self) -> WebhookRef:
+        """Where the findings' webhook URL is kept (never the URL itself)."""
+        return WebhookRef(webhook_conn=self.webhook_conn, webhook_env=self.webhook_env)
+
     root: str | None = Field(None, description="outputs (per night: Parquet, JSON, HTML) and state; else --out")
     billing_uri: str | None = Field(None, description="FOCUS file or folder (the cost pipeline's input); else --billing")
     lakes: list[str] = Field(default_factory=list, description="dataset roots to audit; else --lake")
@@ -35,7 +50,8 @@ class SignalsSettings(StrictModel):
     default_contact: str | None = Field(None, description="e-mail of findings whose owner has no contact")
     smtp_conn_id: str | None = Field(None, description="Airflow SMTP connection; null: no e-mail")
     mail_from: str = "seedance@localhost"
-    webhook_url: str | None = Field(None, description="Slack-compatible incoming webhook; null: none")
+    webhook_conn: str | None = Field(None, description="Airflow connection holding a Slack-compatible webhook URL")
+    webhook_env: str | None = Field(None, pattern=ENV_NAME, description="... or the environment variable holding it")
     critical_dollars: Decimal = Field(Decimal("1000"), description="a finding at stake >= this per month is critical")
     gpu_hour_price: Decimal = Field(Decimal("2.50"), description="price of one GPU-hour, for training signals")
     # billing thresholds

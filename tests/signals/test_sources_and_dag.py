@@ -107,7 +107,8 @@ def loopback(monkeypatch):
         {"conn_type": "smtp", "host": "127.0.0.1", "port": smtp_port,
          "extra": {"disable_tls": True, "disable_ssl": True}}))
     monkeypatch.setenv("SEEDANCE__SIGNALS__SMTP_CONN_ID", "signals_smtp")
-    monkeypatch.setenv("SEEDANCE__SIGNALS__WEBHOOK_URL", f"http://127.0.0.1:{http_port}/hook")
+    monkeypatch.setenv("SIGNALS_WEBHOOK", f"http://127.0.0.1:{http_port}/hook")
+    monkeypatch.setenv("SEEDANCE__SIGNALS__WEBHOOK_ENV", "SIGNALS_WEBHOOK")
     monkeypatch.setenv("SEEDANCE__SIGNALS__DEFAULT_CONTACT", "data-team@example.com")
     yield inbox, _Webhook.received
     server.shutdown()

@@ -1,0 +1,156 @@
+"""Task-failure alerts: every Seedance DAG's tasks carry the shared `on_failure_callback`
+(`dag_support.failure_notifiers()`), parsing does not load it, and a real Airflow task failure
+(`dag.test()`) sends one e-mail (aiosmtpd on 127.0.0.1, through SmtpNotifier) and one webhook (loopback)
+naming the DAG, run, task, try, error and log URL; nothing configured: nothing sent."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from seedance_tasks.dag_support import FailureCallback
+from tests.mail_services import smtp_connection, smtp_server, webhook_server
+
+REPO = Path(__file__).resolve().parents[1]
+DAG_FILES = sorted((REPO / "dags").glob("*.py"))
+
+
+def test_every_task_of_every_dag_has_the_failure_callback(dagbag):
+    assert not dagbag.import_errors
+    assert {path.stem for path in DAG_FILES} <= set(dagbag.dags)
+    for dag_id, dag in dagbag.dags.items():
+        for task in dag.tasks:
+            assert any(isinstance(cb, FailureCallback) for cb in task.on_failure_callback or []), (dag_id, task.task_id)
+
+
+PROBE = """
+import json, runpy, sys
+for path in sys.argv[1:]:
+    runpy.run_path(path)
+print(json.dumps(sorted(m for m in sys.modules if m.startswith(("seedance_tasks.notifiers",
+      "seedance_tasks.airflow_notifiers", "airflow.providers.smtp.notifications", "airflow.providers.smtp.hooks",
+      "smtplib")))))
+"""
+
+
+def test_parsing_loads_no_notifier_and_reads_no_notification_config(tmp_path):
+    """The callback is built at parse time but imports and reads nothing until a task fails: a
+    broken `notifications` section does not break parsing."""
+    config = tmp_path / "seedance.yaml"
+    config.write_text("notifications: {on_failure: {email: 7, no_such_key: 1}}\n")
+    env = {"PATH": "/usr/bin:/bin", "SEEDANCE_CONFIG": str(config), "AIRFLOW_HOME": str(tmp_path / "home")}
+    done = subprocess.run([sys.executable, "-c", PROBE, *map(str, DAG_FILES)], capture_output=True, text=True,
+                          timeout=300, env=env, cwd=REPO)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == []
+
+
+@pytest.fixture
+def alerting(monkeypatch):
+    """(inbox, webhook bodies): notifications.on_failure configured through the environment, to
+    aiosmtpd (Airflow connection `alerts_smtp`) and a webhook whose URL is only in $ALERTS_WEBHOOK."""
+    with smtp_server() as (inbox, port), webhook_server() as (received, url):
+        monkeypatch.setenv("AIRFLOW_CONN_ALERTS_SMTP", smtp_connection(port))
+        monkeypatch.setenv("ALERTS_WEBHOOK", url)
+        monkeypatch.setenv("SEEDANCE__NOTIFICATIONS__SMTP_CONN_ID", "alerts_smtp")
+        monkeypatch.setenv("SEEDANCE__NOTIFICATIONS__MAIL_FROM", "airflow@example.com")
+        monkeypatch.setenv("SEEDANCE__NOTIFICATIONS__ON_FAILURE__EMAIL", "[oncall@example.com]")
+        monkeypatch.setenv("SEEDANCE__NOTIFICATIONS__ON_FAILURE__WEBHOOK_ENV", "ALERTS_WEBHOOK")
+        yield inbox, received
+
+
+FAILING_DAG = """
+import pendulum
+from airflow.sdk import DAG, task
+from seedance_tasks.dag_support import DEFAULT_ARGS
+
+with DAG("{dag_id}", schedule=None, start_date=pendulum.datetime(2024, 1, 1, tz="UTC"),
+         default_args={{**DEFAULT_ARGS, "retries": 0}}):
+    @task
+    def fine():
+        return 1
+
+    @task
+    def boom(value):
+        raise ValueError(f"row {{value + 6}} has no owner\\nsecond line of the error")
+
+    boom(fine())
+"""
+
+
+@pytest.fixture
+def failing_dag(airflow_db, tmp_path):
+    """A tiny DAG (in its own file, synced to the metadata DB like the DAG processor does) with
+    Seedance's DEFAULT_ARGS whose second task fails."""
+    from airflow.dag_processing.bundles.manager import DagBundlesManager
+    from airflow.dag_processing.dagbag import DagBag, sync_bag_to_db
+
+    def make(dag_id: str):
+        path = tmp_path / f"{dag_id}.py"
+        path.write_text(FAILING_DAG.format(dag_id=dag_id))
+        bag = DagBag(dag_folder=str(path))
+        assert not bag.import_errors, bag.import_errors
+        DagBundlesManager().sync_bundles_to_db()
+        sync_bag_to_db(bag, "dags-folder", None)
+        return bag.dags[dag_id]
+
+    return make
+
+
+def _assert_alert(text: str, dag_id: str, run_id: str, task_id: str, error: str) -> None:
+    assert f"DAG: {dag_id}" in text and f"run: {run_id}" in text and f"task: {task_id}" in text
+    assert "try: 1" in text and f"error: {error}" in text
+    assert f"log: http://localhost:8080/dags/{dag_id}/runs/" in text and f"/tasks/{task_id}" in text
+
+
+def test_a_failed_task_sends_one_mail_and_one_webhook(failing_dag, alerting):
+    inbox, received = alerting
+    dag_run = failing_dag("seedance_alert_probe").test()
+    assert dag_run.state == "failed"
+    assert [(m.to, m.subject) for m in inbox.messages] == [
+        (["oncall@example.com"], "[seedance] task failed: seedance_alert_probe.boom (try 1)")]
+    _assert_alert(inbox.messages[0].body, "seedance_alert_probe", dag_run.run_id, "boom", "row 7 has no owner")
+    assert "second line" not in inbox.messages[0].body
+    assert len(received) == 1 and set(received[0]["json"]) == {"text"}
+    text = received[0]["json"]["text"]
+    assert text.startswith("*[seedance] task failed: seedance_alert_probe.boom (try 1)*\n")
+    _assert_alert(text, "seedance_alert_probe", dag_run.run_id, "boom", "row 7 has no owner")
+
+
+def test_a_seedance_dag_with_a_bad_conf_alerts(run_dag, tmp_path, alerting):
+    inbox, received = alerting
+    missing = tmp_path / "no-owners.yaml"
+    dag_run = run_dag("seedance_cost_recovery", {"month": "2024-09", "billing": str(tmp_path / "billing.csv"),
+                                                 "owners": str(missing), "out": str(tmp_path / "out")})
+    assert dag_run.state == "failed"
+    assert [m.subject for m in inbox.messages] == ["[seedance] task failed: seedance_cost_recovery.prepare (try 1)"]
+    assert len(received) == 1
+    for text in (inbox.messages[0].body, received[0]["json"]["text"]):
+        assert "DAG: seedance_cost_recovery" in text and "task: prepare" in text and str(missing) in text
+
+
+def test_nothing_configured_sends_nothing(failing_dag, monkeypatch):
+    from seedance_tasks.airflow_notifiers import notify_failure
+    from seedance_tasks.notifiers import NotificationSettings
+
+    class Untouchable(dict):
+        def get(self, *args):
+            raise AssertionError("a no-op must not read the context")
+
+    assert notify_failure(Untouchable(), NotificationSettings()) == {"sent": [], "failed": {}}
+    with webhook_server() as (received, url):
+        monkeypatch.setenv("UNUSED_WEBHOOK", url)  # there, but not configured
+        assert failing_dag("seedance_alert_quiet").test().state == "failed"
+    assert received == []
+
+
+def test_a_broken_channel_is_logged_and_the_other_still_sent(failing_dag, alerting, monkeypatch, caplog):
+    inbox, received = alerting
+    monkeypatch.delenv("ALERTS_WEBHOOK")
+    dag_run = failing_dag("seedance_alert_half").test()
+    assert dag_run.state == "failed" and len(inbox.messages) == 1 and received == []
+    assert "failure alert: webhook failed: webhook: environment variable ALERTS_WEBHOOK is not set" in caplog.text
