@@ -38,6 +38,7 @@ from seedance_tasks.dag_support import (
     from_config,
     mapped_results,
     optional_param,
+    run_type_of,
     tags,
 )
 from seedance_tasks.signals.assets import CHECKPOINT_BLOAT
@@ -86,8 +87,7 @@ def seedance_checkpoint_lifecycle():
         """Check the policy and list the runs (each run's gc/tier task recovers its own interrupted attempts)."""
         from seedance_tasks.lifecycle import airflow_tasks
 
-        run_type = str(getattr(get_current_context()["dag_run"], "run_type", "") or "")
-        return airflow_tasks.plan_task(params, run_type.split(".")[-1].lower(), triggering_asset_events)
+        return airflow_tasks.plan_task(params, run_type_of(get_current_context()["dag_run"]), triggering_asset_events)
 
     @task
     def runs(planned: dict) -> list[dict]:

@@ -28,11 +28,10 @@ retried report rolls an interrupted publish forward or back and publishes the sa
 from __future__ import annotations
 
 import pendulum
-from airflow.sdk import Asset, CronDataIntervalTimetable, Param, dag, get_current_context, task
+from airflow.sdk import CronDataIntervalTimetable, Param, dag, get_current_context, task
 
+from seedance_tasks.cost.assets import COST_STATEMENTS
 from seedance_tasks.dag_support import DEFAULT_ARGS, from_config, optional_param, tags
-
-COST_STATEMENTS = Asset(name="seedance_cost_statements", uri="seedance://cost/statements")
 
 
 @dag(

@@ -13,8 +13,6 @@ from seedance_tasks.units import _DURATION_UNITS, _SIZE_UNITS
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-
-
 class FailureCallback:
     """The `on_failure_callback` of every Seedance task: when a task fails for good (after its
     retries), it alerts `notifications.on_failure` (e-mail through the smtp provider's
@@ -35,6 +33,14 @@ class FailureCallback:
 
     def __repr__(self) -> str:
         return "seedance_tasks.dag_support.FailureCallback()"
+
+
+def run_type_of(dag_run) -> str:
+    """A DAG run's type as Airflow's lower-case value: `manual`, `scheduled`, `backfill`,
+    `asset_triggered` (tasks see an enum whose str() is `DagRunType.BACKFILL`); "" without a run."""
+    value = getattr(dag_run, "run_type", None) if dag_run is not None else None
+    value = getattr(value, "value", value)
+    return str(value or "").split(".")[-1].lower()
 
 
 def failure_notifiers() -> list[Callable[[Any], None]]:

@@ -21,6 +21,7 @@ NOTHING_CONFIGURED = {  # DAG -> the task that skips, and what its reason names
     "seedance_checkpoints": ("scan", "checkpoint.inbox"),
     "seedance_checkpoint_lifecycle": ("plan", "checkpoint.store"),
     "seedance_cost_recovery": ("prepare", "cost.billing_uri"),
+    "seedance_cost_actions": ("plan", "cost.out_uri"),
     "seedance_preprocess": ("build_shards", "source"),
     "seedance_signals": ("prepare", "signals.root"),
 }

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from seedance_tasks.dag_support import airflow_lease_holder, fail_fast
+from seedance_tasks.dag_support import airflow_lease_holder, fail_fast, run_type_of
 
 
 def month_of_run(params: dict[str, Any], context: dict[str, Any]) -> str:
@@ -35,10 +35,8 @@ def prepare_task(params: dict[str, Any], context: dict[str, Any]) -> dict[str, A
     if missing:
         skip(f"no {' and no '.join(missing)} configured: set the billing/out params, or cost.billing_uri and "
              "cost.out_uri in config/seedance.yaml")
-    dag_run = context.get("dag_run")
-    run_type = str(getattr(dag_run, "run_type", "") or "")
     backfill = params.get("backfill")
-    if run_type.endswith("backfill"):
+    if run_type_of(context.get("dag_run")) == "backfill":
         backfill = True
     return recover.prepare(
         month=month_of_run(params, context),

@@ -10,6 +10,8 @@ shared:                            # split a matched cost among owners by usage 
      usage: usage/kafka-{month}.csv, weights: {partitions: "0.5", bytes: "0.5"}}
 budgets: {research: {amount: "1000", currency: USD}}
 approvals: [{owner: research, from_month: 2024-09, to_month: 2024-12, up_to: "1500", currency: USD}]
+contacts:                          # where Notifier.send delivers; a webhook only by reference
+  research: {email: [ml-leads@example.com], webhook_conn: slack_research}
 ```
 """
 
@@ -28,6 +30,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from seedance_tasks.config import StrictModel
 from seedance_tasks.errors import ConfigError
+from seedance_tasks.notifiers import WebhookRef, email_list
 
 MONTH_RE = r"^\d{4}-(0[1-9]|1[0-2])$"
 
@@ -117,12 +120,27 @@ class Approval(StrictModel):
         return value.strftime("%Y-%m") if isinstance(value, date) else value
 
 
+class Contact(WebhookRef):
+    """How to reach an owner: e-mail addresses and a webhook *reference* (an Airflow connection id
+    or an environment variable name; never the URL, which is a secret)."""
+
+    email: list[str] = Field(default_factory=list, description="one address or a list")
+
+    @field_validator("email", mode="before")
+    @classmethod
+    def _emails(cls, value):
+        return email_list(value)
+
+
 class OwnersFile(StrictModel):
     owner_tags: list[str] = Field(..., min_length=1)
+    contacts: dict[str, Contact] = Field(default_factory=dict, description="owner -> e-mail / webhook reference")
     rules: list[Rule] = Field(default_factory=list)
     shared: list[SharedRule] = Field(default_factory=list)
     budgets: dict[str, Budget] = Field(default_factory=dict)
     approvals: list[Approval] = Field(default_factory=list)
+    approvers: dict[str, list[str]] = Field(
+        default_factory=dict, description="owner -> Airflow user names who confirm its chargeback (HITL); none: any")
     base_dir: str = Field("", exclude=True, description="directory of the file, for relative usage paths")
 
     @property

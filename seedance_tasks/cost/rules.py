@@ -180,6 +180,7 @@ class Tagger:
 def act(
     *, month: str, idle: list[dict[str, Any]], active: list[str], budgets: list[dict[str, Any]],
     settings, state: storage.Location, apply: bool, backfill: bool, tagger: Tagger | None = None,
+    owners: OwnersFile | None = None,
 ) -> dict[str, Any]:
     """Carry out (apply) or plan (dry-run) the findings' side effects; nothing at all in a backfill.
 
@@ -201,7 +202,7 @@ def act(
             + [f"freeze {item['owner']}'s quota for {next_month(month)}" for item in freeze]
         )
         return actions
-    notifier = Notifier(state, settings.notifier, settings.notifier_kwargs)
+    notifier = Notifier(state, settings.notifier, settings.notifier_kwargs, owners=owners)
     if arns or active:
         tagger = tagger or Tagger(settings.review_tag_key, settings.review_tag_value)
         tagged_now = tagger.pending()

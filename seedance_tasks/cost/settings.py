@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from seedance_tasks.cost.actions_settings import CostActionsSettings
 from seedance_tasks.settings_base import StrictModel
 from seedance_tasks.units import Duration
 
@@ -52,3 +53,5 @@ class CostSettings(StrictModel):
     # Cost Explorer
     cost_explorer_page_price: Decimal = Field(Decimal("0.01"), description="USD per GetCostAndUsage page")
     cost_explorer_group_tag: str = Field("owner", description="tag key Cost Explorer results are grouped by")
+    # the actions workflow (DAG seedance_cost_actions): calendar, deadlines, isolation
+    actions: CostActionsSettings = Field(default_factory=CostActionsSettings)

@@ -169,6 +169,9 @@ def cost_section(index: int, origin: str, view: CostView) -> str:
           f"{item['over_percent']}%" if item.get("over_percent") is not None else "—",
           "yes" if item.get("approved") else "no"] for item in summary.get("over_budget", [])],
         "No owner over budget.", numeric=(1, 2, 3)))
+    from seedance_tasks.dashboard.budget import budget_section
+
+    parts.append(budget_section(view.uri))
     return "".join(parts)
 
 

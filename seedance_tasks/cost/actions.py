@@ -1,0 +1,419 @@
+"""The cost actions workflow of a closed month, as steps the DAG `seedance_cost_actions` runs:
+
+    plan -> isolate (within 48 h) -> confirm (owners, within 72 h; reminders while waiting)
+         -> settle (on the 5th working day: deduct confirmed amounts, apply budget freezes)
+
+Inputs are what the cost recovery published for the month (`OUT/month=M/summary.json`: charges
+per owner and currency, idle resources, over-budget owners). Every action is a dry run unless the
+run applies, and is keyed in the budget ledger (`budget_ledger.py`): a retried task or a re-run
+month finds its key and repeats nothing (no second snapshot, deduction, freeze or reminder).
+Deadlines come from the working-day calendar (`workdays.py`, settings `cost.actions`).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from typing import Any
+
+from seedance_tasks import storage
+from seedance_tasks.cost.budget_ledger import BudgetLedger, Entry, entry
+from seedance_tasks.cost.workdays import Clock, WorkCalendar, close_instant, month_close
+from seedance_tasks.errors import InputError, UsageError
+
+CONFIRM, DISPUTE = "Confirm", "Dispute"
+UNALLOCATED = "unallocated"
+
+
+def _settings():
+    from seedance_tasks.config import load_section
+
+    return load_section("cost")
+
+
+def next_month(month: str) -> str:
+    """The month after `month` (YYYY-MM)."""
+    return month_close(month).strftime("%Y-%m")
+
+
+def ledger_of(out: str, settings=None) -> BudgetLedger:
+    """The budget ledger under the cost outputs root `out`."""
+    settings = settings or _settings()
+    return BudgetLedger(out, lock_wait_s=settings.actions.lock_wait)
+
+
+def notifier_of(out: str, settings=None, owners: str | None = None):
+    """The owners' notifier (`seedance_tasks.cost.notify.Notifier`), state beside the cost
+    pipeline's; with the owners file, each owner's own contacts (e-mail, webhook) from the CMDB."""
+    from seedance_tasks.cost.notify import Notifier
+
+    settings = settings or _settings()
+    root = storage.resolve(out)
+    state = settings.state_uri or root.uri_of(root.join(storage.SEEDANCE_DIR, "cost"))
+    return Notifier(storage.resolve(state), settings.notifier, settings.notifier_kwargs, owners=owners or None)
+
+
+def notify(out: str, key: str, owner: str, subject: str, message: str, details: dict[str, Any],
+           settings=None, owners: str | None = None) -> bool:
+    """`Notifier.send` under a lease of the notification state (concurrent tasks of a run, e.g.
+    two owners' confirmation tasks, never lose each other's outbox lines or keys). True if sent now."""
+    from seedance_tasks import lease
+
+    settings = settings or _settings()
+    root = storage.resolve(out)
+    holder = f"notify:{os.getpid()}:{secrets.token_hex(4)}"
+    with lease.holding(root, "cost-notifications", holder=holder, purpose="owner notification",
+                       wait_s=settings.actions.lock_wait):
+        return notifier_of(out, settings, owners).send(key, owner, subject, message, details)
+
+
+def clock_of(month: str, out: str, *, apply: bool, now: datetime, settings=None) -> Clock:
+    """The month's clock: anchored at the close (00:00 on the 1st, calendar time zone), or with
+    `anchor: run_start` at the month's first applied run (kept in the ledger, so re-runs agree)."""
+    settings = settings or _settings()
+    actions = settings.actions
+    anchor = close_instant(month, actions.timezone)
+    if actions.anchor == "run_start":
+        anchor = now
+        if apply:
+            key = f"anchor:{month}"
+            ledger = ledger_of(out, settings)
+            ledger.record(entry(key, "anchor", month, at=now))
+            anchor = ledger.get(key).at
+    return Clock(month_close(month), anchor, actions.day_length)
+
+
+def _summary(month: str, out: str) -> dict[str, Any]:
+    root = storage.resolve(out)
+    path = root.join(f"month={month}", "summary.json")
+    if not storage.is_file(root.fs, path):
+        raise InputError(f"no published statements for {month}: {root.uri_of(path)} does not exist",
+                         hint="run seedance_cost_recovery for that month first (its event starts this workflow)")
+    try:
+        summary = storage.read_json(root.fs, path)
+        charges = {owner: {} for entry_ in summary["currencies"].values() for owner in entry_["by_owner"]}
+        for currency, entry_ in sorted(summary["currencies"].items()):
+            for owner, amount in entry_["by_owner"].items():
+                if Decimal(amount):
+                    charges[owner][currency] = amount
+        return {"charges": {o: c for o, c in sorted(charges.items()) if c}, "idle": summary.get("idle", []),
+                "over_budget": summary.get("over_budget", [])}
+    except (ValueError, KeyError, TypeError, ArithmeticError) as exc:
+        raise InputError(f"{root.uri_of(path)}: not a cost summary ({exc!r})",
+                         hint="re-run seedance_cost_recovery for the month") from None
+
+
+def _approvers(owners_uri: str | None) -> dict[str, list[str]]:
+    if not owners_uri:
+        return {}
+    from seedance_tasks.cost.owners import load_owners
+
+    return dict(getattr(load_owners(owners_uri), "approvers", {}) or {})
+
+
+def _money(charges: dict[str, str]) -> str:
+    return ", ".join(f"{Decimal(amount):.2f} {currency}" for currency, amount in sorted(charges.items()))
+
+
+def plan(*, month: str, out: str, owners: str | None = None, apply: bool = False, now: datetime | None = None,
+         settings=None) -> dict[str, Any]:
+    """What the workflow will do for `month` (JSON-able; the DAG passes it to every step).
+
+    Reads the published summary (InputError if the month was not published), fixes the clock and
+    the deadlines (isolation, reminders, confirmation, deduction day), and, when applying, lists
+    one confirmation request per charged owner (`confirmations`). A dry run asks nobody and
+    waits for nothing (`waits` are now); the real deadlines are still reported.
+    """
+    settings = settings or _settings()
+    actions = settings.actions
+    month_close(month)
+    now = now or datetime.now(UTC)
+    found = _summary(month, out)
+    clock = clock_of(month, out, apply=apply, now=now, settings=settings)
+    calendar = WorkCalendar.from_settings(actions)
+    deduct_day = calendar.nth_working_day(month_close(month), actions.deduct_on_working_day)
+    deadlines = {
+        "anchor": clock.anchor.isoformat(),
+        "isolate_by": clock.after_hours(actions.isolate_within_hours).isoformat(),
+        "remind_at": [clock.after_hours(h).isoformat() for h in sorted(actions.reminders_after_hours)
+                      if h < actions.confirm_within_hours],
+        "confirm_by": clock.after_hours(actions.confirm_within_hours).isoformat(),
+        "deduct_day": deduct_day.isoformat(),
+        "deduct_at": max(clock.at_day(deduct_day), clock.after_hours(actions.confirm_within_hours)).isoformat(),
+    }
+    owners = owners or settings.owners_file
+    approvers = _approvers(owners)
+    charged = [owner for owner in found["charges"] if owner and owner != UNALLOCATED]
+    confirmations = []
+    if apply:
+        for owner in charged:
+            users = approvers.get(owner) or []
+            confirmations.append({
+                "request": {"owner": owner, "month": month, "out": out, "confirm_by": deadlines["confirm_by"],
+                            "day_length_s": clock.day_length_s, "owners": owners},
+                "subject": f"Confirm the {month} chargeback of {owner}: {_money(found['charges'][owner])}",
+                "body": _confirmation_body(month, owner, found, deadlines),
+                "assigned_users": [{"id": user, "name": user} for user in users] or None,
+            })
+    return {
+        "month": month, "out": out, "owners": owners, "apply": bool(apply), "mode": "apply" if apply else "dry-run",
+        "ledger": ledger_of(out, settings).uri, "deadlines": deadlines,
+        "waits": {"deduct_at": deadlines["deduct_at"] if apply else now.isoformat()},
+        "charges": found["charges"], "idle": found["idle"], "over_budget": found["over_budget"],
+        "confirmations": confirmations, "day_length_s": clock.day_length_s,
+    }
+
+
+def _confirmation_body(month: str, owner: str, found: dict[str, Any], deadlines: dict[str, Any]) -> str:
+    idle = [item["resource_id"] for item in found["idle"] if item.get("owner") == owner]
+    lines = [f"**{owner}** is charged **{_money(found['charges'][owner])}** for {month}.", "",
+             f"*{CONFIRM}*: the amount is deducted from your budget pool on {deadlines['deduct_day']} "
+             f"(working day {_settings().actions.deduct_on_working_day} after the close). *{DISPUTE}*: nothing is "
+             "deducted; FinOps reviews the statement with you. Give a reason either way.",
+             "", f"Answer by {deadlines['confirm_by']}."]
+    if idle:
+        lines += ["", "Idle resources snapshotted and isolated for review: " + ", ".join(idle)]
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------- isolate (48 h)
+
+
+def isolate(data: dict[str, Any], *, isolator=None, now: datetime | None = None, settings=None) -> dict[str, Any]:
+    """Snapshot and isolate the month's idle resources (dry run: the plan only).
+
+    A resource whose key is in the ledger was handled before and is not touched again; one
+    younger than the tuning window is flagged (ledger + owner notified), not acted on; ids that
+    are not EC2/EBS/RDS resources are reported as skipped. Returns what was done and planned.
+    """
+    from seedance_tasks.cost.isolation import Isolator, action_key, parse_resource
+
+    settings = settings or _settings()
+    now = now or datetime.now(UTC)
+    month, out, apply = data["month"], data["out"], data["apply"]
+    isolator = isolator or Isolator(settings, now=now)
+    ledger = ledger_of(out, settings)
+    done = ledger.load()
+    result: dict[str, Any] = {"mode": data["mode"], "isolated": [], "flagged": [], "skipped": [], "missing": [],
+                              "done_before": [], "snapshots": [], "planned": [],
+                              "within_deadline": now <= datetime.fromisoformat(data["deadlines"]["isolate_by"])}
+    for item in data["idle"]:
+        resource_id, owner = item["resource_id"], item.get("owner") or UNALLOCATED
+        resource = parse_resource(resource_id)
+        if resource is None:
+            result["skipped"].append({"resource_id": resource_id, "reason": "not an EC2 instance, EBS volume or "
+                                      "RDS instance"})
+            continue
+        key = action_key(month, resource)
+        flag_key = f"flag:{month}:{resource.ident}"
+        if key in done or flag_key in done:
+            previous = done.get(key) or done[flag_key]
+            result["done_before"].append({"resource_id": resource_id, "kind": previous.kind,
+                                          "snapshots": previous.details.get("snapshots", [])})
+            continue
+        outcome = isolator.isolate(resource, month, owner, apply=apply)
+        row = {"resource_id": resource_id, "owner": owner, "steps": outcome["steps"],
+               "snapshots": outcome["snapshots"]}
+        if outcome["outcome"] == "missing":
+            result["missing"].append(row)
+            continue
+        if outcome["outcome"] == "flagged":
+            result["flagged"].append(row)
+            if apply:
+                ledger.record(entry(flag_key, "flag", month, owner=owner, at=now, resource_id=resource_id,
+                                    reason=outcome["steps"][0], created=outcome.get("created")))
+                notify(out, flag_key, owner, f"{resource_id} is idle but young: flagged, left running",
+                              f"{resource_id} was idle through the end of {month}, but it is younger than the "
+                              "tuning window, so it was only flagged for review, not snapshotted or stopped.",
+                       {"month": month, "resource_id": resource_id}, settings, data.get("owners"))
+            else:
+                result["planned"].append(f"flag {resource_id} (younger than the tuning window)")
+            continue
+        if not apply:
+            result["planned"] += [f"{resource_id}: {step}" for step in outcome["steps"]]
+            continue
+        ledger.record(entry(key, "isolation", month, owner=owner, at=now, resource_id=resource_id,
+                            snapshots=outcome["snapshots"], steps=outcome["steps"]))
+        result["isolated"].append(row)
+        result["snapshots"] += outcome["snapshots"]
+        notify(out, key, owner, f"Idle {resource_id} snapshotted and isolated for cost review",
+                      f"{resource_id} was idle through the end of {month}. It was snapshotted "
+                      f"({', '.join(outcome['snapshots']) or 'no volume'}) and isolated: "
+                      + "; ".join(outcome["steps"]) + ". Start it again if you still need it.",
+                      {"month": month, "resource_id": resource_id, "snapshots": outcome["snapshots"]}, settings,
+                      data.get("owners"))
+    return result
+
+
+# ---------------------------------------------------------------------------- confirm (72 h)
+
+
+def confirm_key(month: str, owner: str) -> str:
+    return f"confirm:{month}:{owner}"
+
+
+def decision(out: str, month: str, owner: str, settings=None) -> Entry | None:
+    """The owner's recorded answer for the month (confirmed, disputed, unanswered), or None."""
+    return ledger_of(out, settings).get(confirm_key(month, owner))
+
+
+def ask(request: dict[str, Any], settings=None) -> bool:
+    """Tell the owner a confirmation is waiting (once per month and owner); True if sent now."""
+    owner, month = request["owner"], request["month"]
+    return notify(request["out"], f"ask:{month}:{owner}", owner, request["subject"],
+                  request["body"] + "\n\nAnswer in Airflow: Browse > Required actions.",
+                  {"month": month, "confirm_by": request["confirm_by"]}, settings, request.get("owners"))
+
+
+def record_decision(request: dict[str, Any], chosen: str | None, reason: str | None, by: dict[str, Any] | None,
+                    settings=None) -> Entry:
+    """Record the owner's answer (`Confirm`, `Dispute`, or None: no answer by the deadline) once;
+    a later answer for the same month and owner never replaces the first. Returns the entry kept."""
+    owner, month = request["owner"], request["month"]
+    status = {CONFIRM: "confirmed", DISPUTE: "disputed", None: "unanswered"}.get(chosen)
+    if status is None:
+        raise UsageError(f"unknown answer {chosen!r} for {owner} {month}", hint=f"answer {CONFIRM} or {DISPUTE}")
+    ledger = ledger_of(request["out"], settings)
+    key = confirm_key(month, owner)
+    ledger.record(entry(key, "confirmation", month, owner=owner, status=status, reason=(reason or "").strip(),
+                        by=(by or {}).get("name") or (by or {}).get("id")))
+    return ledger.get(key)
+
+
+def pending(data: dict[str, Any], settings=None) -> list[str]:
+    """Charged owners asked to confirm who have not answered yet."""
+    entries = ledger_of(data["out"], settings).load()
+    return [ask_["request"]["owner"] for ask_ in data["confirmations"]
+            if confirm_key(data["month"], ask_["request"]["owner"]) not in entries]
+
+
+def remind(data: dict[str, Any], index: int, settings=None) -> list[str]:
+    """Reminder number `index` to every owner who has not answered; each at most once. Returns
+    the owners reminded now."""
+    month, sent = data["month"], []
+    for owner in pending(data, settings):
+        asked = next(r for r in data["confirmations"] if r["request"]["owner"] == owner)
+        if notify(data["out"], f"remind:{month}:{owner}:{index}", owner, f"Reminder: {asked['subject']}",
+                  asked["body"] + f"\n\nReminder {index + 1}: no answer yet.",
+                  {"month": month, "confirm_by": asked["request"]["confirm_by"], "reminder": index + 1}, settings,
+                  data.get("owners")):
+            sent.append(owner)
+    return sent
+
+
+def next_reminder(data: dict[str, Any], now: datetime, settings=None) -> tuple[int, datetime] | None:
+    """(index, when) of the next reminder still due before the confirmation deadline, or None when
+    nothing is left to remind (dry run, everyone answered, deadline passed, no reminders left)."""
+    if not data["apply"] or not pending(data, settings):
+        return None
+    notified = notifier_of(data["out"], settings).ledger
+    confirm_by = datetime.fromisoformat(data["deadlines"]["confirm_by"])
+    for index, when in enumerate(datetime.fromisoformat(t) for t in data["deadlines"]["remind_at"]):
+        if when >= confirm_by or now >= confirm_by:
+            return None
+        if any(f"remind:{data['month']}:{owner}:{index}" not in notified for owner in pending(data, settings)):
+            return index, when
+    return None
+
+
+def response_timeout(request: dict[str, Any], now: datetime) -> timedelta:
+    """How long the owner still has: until the deadline, and at least one calendar day."""
+    left = datetime.fromisoformat(request["confirm_by"]) - now
+    return max(left, timedelta(seconds=request.get("day_length_s") or 86400))
+
+
+# ---------------------------------------------------------------------------- settle (5th working day)
+
+
+def settle(data: dict[str, Any], *, now: datetime | None = None, settings=None) -> dict[str, Any]:
+    """Deduct every confirmed charge from the owner's budget pool (one ledger entry per owner and
+    currency) and apply the budget freezes of the over-budget rule (not approved: next month's
+    budget frozen); disputed or unanswered charges are not deducted. Dry run: the plan only.
+    Idempotent: an entry already in the ledger is neither recorded nor notified again."""
+    settings = settings or _settings()
+    now = now or datetime.now(UTC)
+    month, out, apply = data["month"], data["out"], data["apply"]
+    ledger = ledger_of(out, settings)
+    entries = ledger.load()
+    result: dict[str, Any] = {"mode": data["mode"], "deducted": [], "not_deducted": [], "frozen": [],
+                              "done_before": [], "planned": []}
+    new: list[Entry] = []
+    for owner, charges in data["charges"].items():
+        if owner == UNALLOCATED:
+            continue
+        answer = entries.get(confirm_key(month, owner))
+        status = answer.details.get("status") if answer else "no answer recorded"
+        for currency, amount in sorted(charges.items()):
+            key = f"deduct:{month}:{owner}:{currency}"
+            if not apply:
+                result["planned"].append(f"deduct {Decimal(amount):.2f} {currency} from {owner}'s budget pool "
+                                         "if the owner confirms")
+            elif key in entries:
+                result["done_before"].append(key)
+            elif status == "confirmed":
+                new.append(entry(key, "deduction", month, owner=owner, amount=Decimal(amount), currency=currency,
+                                 at=now, confirmed_by=answer.details.get("by"), reason=answer.details.get("reason")))
+            else:
+                result["not_deducted"].append({"owner": owner, "currency": currency, "amount": amount,
+                                               "status": status})
+    target = next_month(month)
+    for item in data["over_budget"]:
+        if item.get("approved"):
+            continue
+        key = f"freeze:{item['owner']}:{target}"
+        if not apply:
+            result["planned"].append(f"freeze {item['owner']}'s {target} budget ({item['spend']} {item['currency']} "
+                                     f"spent against {item['budget']})")
+        elif key in entries:
+            result["done_before"].append(key)
+        else:
+            new.append(entry(key, "freeze", month, owner=item["owner"], amount=Decimal(item["spend"]),
+                             currency=item["currency"], at=now, budget=item["budget"], frozen_month=target,
+                             over_percent=item.get("over_percent")))
+    if new:
+        added = ledger.update(lambda _entries: new)
+        for made in added:
+            if made.kind == "deduction":
+                result["deducted"].append(made.key)
+                notify(out, made.key, made.owner, f"{month} chargeback deducted: {made.amount:.2f} {made.currency}",
+                              f"{made.amount:.2f} {made.currency} (confirmed) was deducted from the budget pool of "
+                              f"{made.owner} for {month}.", {"month": month, "amount": str(made.amount),
+                                                             "currency": made.currency}, settings, data.get("owners"))
+            else:
+                result["frozen"].append(made.key)
+                notify(out, made.key, made.owner, f"{made.details['frozen_month']} budget frozen",
+                              f"{made.owner} spent {made.amount:.2f} {made.currency} in {month} against a budget of "
+                              f"{made.details['budget']}: the {made.details['frozen_month']} budget is frozen "
+                              "until an ROI document is approved.", {"month": month}, settings, data.get("owners"))
+    return result
+
+
+# ---------------------------------------------------------------------------- the dashboard's view
+
+
+def owner_positions(out: str) -> list[dict[str, Any]]:
+    """Per owner, month and currency: deducted, frozen (the month frozen), and the answer, from
+    the ledger of `out` (amounts are exact Decimals)."""
+    rows: dict[tuple[str, str, str], dict[str, Any]] = {}
+    entries = BudgetLedger(out).load()
+    for item in entries.values():
+        if item.kind not in ("deduction", "freeze") or not item.owner:
+            continue
+        row = rows.setdefault((item.owner, item.month, item.currency or ""), {
+            "owner": item.owner, "month": item.month, "currency": item.currency, "deducted": Decimal(0),
+            "frozen": None, "answer": None})
+        if item.kind == "deduction":
+            row["deducted"] += item.amount or 0
+        else:
+            row["frozen"] = item.details.get("frozen_month")
+    for (owner, month, _), row in rows.items():
+        answer = entries.get(confirm_key(month, owner))
+        row["answer"] = answer.details.get("status") if answer else None
+    for item in entries.values():  # disputed or unanswered: shown, with nothing deducted
+        if item.kind == "confirmation" and item.details.get("status") != "confirmed" and not any(
+                key[0] == item.owner and key[1] == item.month for key in rows):
+            rows[(item.owner, item.month, "")] = {"owner": item.owner, "month": item.month, "currency": None,
+                                                  "deducted": None, "frozen": None, "answer": item.details["status"]}
+    return [rows[key] for key in sorted(rows)]
