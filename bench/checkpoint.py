@@ -1,21 +1,26 @@
-"""Checkpoint compression: seedance `auto` vs zstd-3, lz4 and zipnn on a sequence of real checkpoints.
+"""Checkpoint compression: seedance `auto` vs zipnn, zstd-3 and lz4 on a sequence of real checkpoints.
 
 A GPT-style LM is trained with AdamW (fp32) on CPU and checkpointed every `--every` steps after a
-warm-up; each checkpoint is model + optimizer state (about 3x the weights). Every codec then
-compresses the same sequence in one run and decompresses it again (checked bit-exact):
+warm-up (trained once, cached in bench/_work/checkpoint/); each checkpoint is model + optimizer
+state (about 3x the weights). Every peer runs in its own fresh process (`bench/_peers.py`: its
+own peak RSS, rounds in turns, each round starting one peer later) on the same sequence:
 
-- seedance auto: `checkpoint.save` in a training loop (delta against the previous checkpoint
-  where it pays, byte-grouped zstd otherwise, keyframe every 8) into a local store, and
-  `checkpoint.load` back (every chunk sha256-verified; deltas read their chain);
-- seedance bgzstd: byte-grouped zstd only (no delta), the single-checkpoint figure;
-- zstd-3 (2 threads), lz4 (frame, 1 thread) and zipnn (PyPI, float32 byte grouping + Huffman/zstd,
-  2 threads) on each checkpoint's tensor bytes as one blob.
+- seedance: `checkpoint.save` of each checkpoint in a training loop (delta against a base where
+  it pays, byte-grouped zstd otherwise, keyframe every 8, codec choices reused between saves)
+  into a local store, then `checkpoint.load` of each (the verified restore: reading the store,
+  decoding, applying the delta chain, the BLAKE3 digest of every chunk checked), compared
+  bit-exact outside the timing; then the restore of the deepest delta against its keyframe's
+  (best of 2, in turns), and `save_async` (the loop's wait per call, median over every call,
+  calls 1.2x a save apart);
+- zipnn (PyPI; float32 byte grouping + Huffman/zstd, 2 threads), zstd-3 (2 threads) and lz4
+  (frame, 1 thread): compress and decompress each checkpoint's tensor bytes as one blob in
+  memory, checked bit-exact outside the timing;
+- digests: sha256 and BLAKE3 over the same bytes, 4 MiB chunks on 2 threads (the floor under a
+  verified restore).
 
-Also: the restore time of a checkpoint at the end of a delta chain against a keyframe's, and
-the opt-in lossy bf16 ratio. Data lives in bench/_work/ (git-ignored).
-
-    .venv/bin/python bench/checkpoint.py            # ~14M-parameter model, 8 checkpoints
-    .venv/bin/python bench/checkpoint.py --quick    # small model, smoke test
+    .venv/bin/python bench/checkpoint.py            # ~14M-parameter model, 8 checkpoints, 3 rounds
+    .venv/bin/python bench/checkpoint.py --quick    # small model, 2 rounds, smoke test
+    .venv/bin/python bench/checkpoint.py --limit 4 --rounds 2   # the first 4 checkpoints only
 """
 
 from __future__ import annotations
@@ -24,13 +29,20 @@ import argparse
 import gc
 import os
 import shutil
+import statistics
 import sys
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+
+import _peers  # noqa: E402
+
 WORK = REPO / "bench" / "_work" / "checkpoint"
+THREADS = 2  # every peer: the cores of the machine this bench was tuned on, set explicitly
+PEERS = ("seedance", "zipnn", "zstd-3", "lz4", "digests")
 
 SIZES = {  # name: (width, layers, vocab, seq, batch)
     "quick": (128, 2, 1024, 32, 8),
@@ -70,205 +82,252 @@ def tensor_blob(state) -> bytes:
     return b"".join(_raw_bytes(tensor).tobytes() for _, tensor in flatten(state)[1])
 
 
-def bench_blobs(name: str, states, compress, decompress) -> dict:
-    raw = stored = 0
-    c_time = d_time = c_cpu = d_cpu = 0.0
-    for state in states:
-        blob = tensor_blob(state)
-        start, cpu = time.perf_counter(), time.process_time()
-        packed = compress(blob)
-        c_time += time.perf_counter() - start
-        c_cpu += time.process_time() - cpu
-        start, cpu = time.perf_counter(), time.process_time()
-        back = decompress(packed, len(blob))
-        d_time += time.perf_counter() - start
-        d_cpu += time.process_time() - cpu
-        assert bytes(back) == blob, f"{name} did not round-trip"
-        raw += len(blob)
-        stored += len(packed)
-        if raw == len(blob):
-            first = len(blob) / len(packed)
-    return {"name": name, "ratio": raw / stored, "first": first, "c_mbs": raw / c_time / 1e6,
-            "d_mbs": raw / d_time / 1e6, "c_cpu": raw / c_cpu / 1e6, "d_cpu": raw / d_cpu / 1e6,
-            "raw": raw, "stored": stored}
+def _load_states(folder: Path):
+    import torch
+
+    torch.set_num_threads(THREADS)
+    paths = sorted(folder.glob("step-*.pt"))[: int(os.environ.get("BENCH_CKPT_LIMIT") or 10**9)]
+    return [(int(p.stem.split("-")[1]), torch.load(p, weights_only=True)) for p in paths]
 
 
-def bench_seedance(name: str, states, store: Path, **options) -> dict:
+# --------------------------------------------------------------------------- peers (each in its own process)
+
+
+def peer_seedance(folder: Path, store: Path) -> dict:
+    import logging
+
     from seedance_tasks import checkpoint
     from seedance_tasks.checkpoint import store as ckstore
 
+    logging.getLogger("seedance_tasks.checkpoint.store").setLevel(logging.ERROR)
+    checkpoint._settings()  # imports and the parsed config, outside the timing (the peers import theirs too)
+    states = _load_states(folder)
+    blobs = {step: tensor_blob(state) for step, state in states}
+    options = {"workers": THREADS}
     shutil.rmtree(store, ignore_errors=True)
-    ckstore._CACHE.clear()
-    raw = stored = 0
-    c_time = d_time = c_cpu = d_cpu = 0.0
-    summaries = []
-    for step, state in states:
-        start, cpu = time.perf_counter(), time.process_time()
-        summary = checkpoint.save(state, str(store), "bench", step, **options)
-        c_time += time.perf_counter() - start
-        c_cpu += time.process_time() - cpu
-        summaries.append(summary)
-        raw += summary["raw_bytes"]
-        stored += summary["stored_bytes"]
-    ckstore._CACHE.clear()
-    exact = options.get("lossy") is None
+    saves, summaries = [], []
     for step, state in states:
         gc.collect()
-        start, cpu = time.perf_counter(), time.process_time()
-        back = checkpoint.load(str(store), "bench", step)
-        d_time += time.perf_counter() - start
-        d_cpu += time.process_time() - cpu
-        if exact:
-            assert tensor_blob(back) == tensor_blob(state), f"{name} step {step} is not bit-exact"
-        del back
-    first = summaries[0]["raw_bytes"] / summaries[0]["stored_bytes"]
-    kinds = "".join("K" if s["kind"] == "full" else "d" for s in summaries)
-    return {"name": name, "ratio": raw / stored, "first": first, "c_mbs": raw / c_time / 1e6,
-            "d_mbs": raw / d_time / 1e6, "c_cpu": raw / c_cpu / 1e6, "d_cpu": raw / d_cpu / 1e6,
-            "raw": raw, "stored": stored, "kinds": kinds, "summaries": summaries}
-
-
-def ceilings(states, folder: Path) -> dict:
-    """What this machine allows on the same bytes: sha256 on 2 threads (every save hashes every chunk
-    and every load checks it) and writing them to a file next to the stores."""
-    import hashlib
-    from concurrent.futures import ThreadPoolExecutor
-
-    blobs = [tensor_blob(state) for state in states]
-    total = sum(len(blob) for blob in blobs)
-    chunk = 4 * 1024**2
-    pieces = [memoryview(blob)[i : i + chunk] for blob in blobs for i in range(0, len(blob), chunk)]
-    with ThreadPoolExecutor(2) as pool:
         start = time.perf_counter()
-        list(pool.map(lambda piece: hashlib.sha256(piece).digest(), pieces))
-        sha = total / (time.perf_counter() - start) / 1e6
-    folder.mkdir(parents=True, exist_ok=True)
-    target = folder / "write-probe.bin"
-    start = time.perf_counter()
-    with open(target, "wb") as handle:
-        for piece in pieces:
-            handle.write(piece)
-    write = total / (time.perf_counter() - start) / 1e6
-    target.unlink()
-    return {"sha256": sha, "write": write}
-
-
-def async_stall(states, store: Path) -> tuple[float, float, float]:
-    """Seconds a loop waits in save_async: (the first call: the host copy alone, the mean over
-    calls made back to back, which queue behind the running save), and until all are stored."""
-    from seedance_tasks import checkpoint
-    from seedance_tasks.checkpoint import store as ckstore
-
-    shutil.rmtree(store, ignore_errors=True)
+        summaries.append(checkpoint.save(state, str(store), "bench", step, **options))
+        saves.append(time.perf_counter() - start)
     ckstore._CACHE.clear()
-    waits = []
-    started = time.perf_counter()
-    for step, state in states:
+    restores = []
+    for step, _state in states:
+        gc.collect()
         start = time.perf_counter()
-        checkpoint.save_async(state, str(store), "bench", step)
-        waits.append(time.perf_counter() - start)
-    checkpoint.wait_for_saves()
-    return waits[0], sum(waits) / len(waits), time.perf_counter() - started
-
-
-def restore_times(store: Path, steps: list[int], reps: int) -> tuple[float, float, int]:
-    """Best-of-`reps` restore seconds of the keyframe and of the deepest delta after it, measured
-    in turns so that a slow spell of the machine hits both alike."""
-    from seedance_tasks import checkpoint
-    from seedance_tasks.checkpoint import store as ckstore
-
-    rows = {r["step"]: r for r in ckstore.list_checkpoints(str(store), "bench")}
-    key = steps[0]
-    deepest = max((s for s in steps if rows[s]["depth"] > 0), key=lambda s: rows[s]["depth"], default=key)
-
-    times: dict[int, list[float]] = {key: [], deepest: []}
-    for _ in range(reps):
+        back = checkpoint.load(str(store), "bench", step)
+        restores.append(time.perf_counter() - start)
+        if tensor_blob(back) != blobs[step]:
+            raise SystemExit(f"seedance: step {step} is not bit-exact")
+        del back
+    depths = {s["step"]: s["depth"] for s in summaries}
+    key = states[0][0]
+    deepest = max(depths, key=lambda s: (depths[s], -s))
+    turns: dict[int, list[float]] = {key: [], deepest: []}
+    for _ in range(2):
         for step in (key, deepest):
             gc.collect()
             start = time.perf_counter()
             checkpoint.load(str(store), "bench", step)
-            times[step].append(time.perf_counter() - start)
-    return min(times[key]), min(times[deepest]), rows[deepest]["depth"]
+            turns[step].append(time.perf_counter() - start)
+    # save_async, spaced as a loop that saves less often than a save takes (1.2x the median save
+    # apart); back to back, each call would only queue behind the running save
+    stalls: dict[str, list[float]] = {"spaced": []}
+    gap = 1.2 * statistics.median(saves)
+    for mode in stalls:
+        async_store = store.with_name(store.name + f"-async-{mode}")
+        shutil.rmtree(async_store, ignore_errors=True)
+        ckstore._CACHE.clear()
+        for step, state in states:
+            start = time.perf_counter()
+            checkpoint.save_async(state, str(async_store), "bench", step, **options)
+            stalls[mode].append(time.perf_counter() - start)
+            if mode == "spaced":
+                time.sleep(gap)
+        checkpoint.wait_for_saves()
+        shutil.rmtree(async_store, ignore_errors=True)
+    raw = sum(s["raw_bytes"] for s in summaries)
+    stored = sum(s["stored_bytes"] for s in summaries)
+    shutil.rmtree(store, ignore_errors=True)
+    return {"compress_s": sum(saves), "restore_s": sum(restores), "raw": raw, "stored": stored,
+            "ratio": raw / stored, "first": summaries[0]["raw_bytes"] / summaries[0]["stored_bytes"],
+            "kinds": "".join("K" if s["kind"] == "full" else "d" for s in summaries),
+            "save_median_s": statistics.median(saves), "stall_spaced_median_s": statistics.median(stalls["spaced"]),
+            "key_s": min(turns[key]), "deep_s": min(turns[deepest]), "depth": depths[deepest],
+            "sampled": sum(s["codecs_sampled"] for s in summaries), "reused": sum(s["codecs_reused"] for s in summaries)}
+
+
+def peer_blobs(name: str, folder: Path) -> dict:
+    states = _load_states(folder)
+    if name == "zipnn":
+        import zipnn
+
+        codec = zipnn.ZipNN(input_format="byte", bytearray_dtype="float32", threads=THREADS)
+
+        def compress(data):
+            return codec.compress(data)
+
+        def decompress(packed, _size):
+            return codec.decompress(packed)
+    elif name == "zstd-3":
+        import zstandard
+
+        zc, zd = zstandard.ZstdCompressor(level=3, threads=THREADS), zstandard.ZstdDecompressor()
+
+        def compress(data):
+            return zc.compress(data)
+
+        def decompress(packed, size):
+            return zd.decompress(packed, max_output_size=size)
+    else:
+        import lz4.frame
+
+        def compress(data):
+            return lz4.frame.compress(data)
+
+        def decompress(packed, _size):
+            return lz4.frame.decompress(packed)
+    raw = stored = 0
+    c_time = d_time = 0.0
+    first = None
+    for _step, state in states:
+        blob = tensor_blob(state)
+        given = bytearray(blob) if name == "zipnn" else blob  # zipnn works in place: a copy, outside the timing
+        gc.collect()
+        start = time.perf_counter()
+        packed = compress(given)
+        c_time += time.perf_counter() - start
+        start = time.perf_counter()
+        back = decompress(packed, len(blob))
+        d_time += time.perf_counter() - start
+        if bytes(back) != blob:
+            raise SystemExit(f"{name} did not round-trip")
+        raw += len(blob)
+        stored += len(packed)
+        first = first or len(blob) / len(packed)
+        del back, packed, given
+    return {"compress_s": c_time, "restore_s": d_time, "raw": raw, "stored": stored, "ratio": raw / stored,
+            "first": first}
+
+
+def peer_digests(folder: Path) -> dict:
+    import hashlib
+    from concurrent.futures import ThreadPoolExecutor
+
+    import blake3
+
+    blobs = [tensor_blob(state) for _, state in _load_states(folder)]
+    total = sum(len(blob) for blob in blobs)
+    pieces = [memoryview(blob)[i: i + 4 * 1024**2] for blob in blobs for i in range(0, len(blob), 4 * 1024**2)]
+    found = {}
+    with ThreadPoolExecutor(THREADS) as pool:
+        for label, digest in (("sha256", lambda p: hashlib.sha256(p).digest()),
+                              ("blake3", lambda p: blake3.blake3(p).digest())):
+            start = time.perf_counter()
+            list(pool.map(digest, pieces))
+            found[f"{label}_mbs"] = total / (time.perf_counter() - start) / 1e6
+    return {"compress_s": 0.0, "restore_s": 0.0, **found}
+
+
+def run_peer(name: str, folder: Path, store: Path) -> None:
+    started = time.perf_counter()
+    if name == "seedance":
+        result = peer_seedance(folder, store)
+    elif name == "digests":
+        result = peer_digests(folder)
+    else:
+        result = peer_blobs(name, folder)
+    _peers.report(time.perf_counter() - started, **result)
+
+
+# --------------------------------------------------------------------------- parent
+
+
+def _mbs(results: list[dict], key: str) -> str:
+    for result in results:
+        result[f"{key}_mbs"] = result["raw"] / result[key] / 1e6 if result[key] else float("nan")
+    return _peers.spread(results, f"{key}_mbs", "{:,.0f}")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="small model, smoke test")
+    parser.add_argument("--quick", action="store_true", help="small model, 2 rounds, smoke test")
     parser.add_argument("--count", type=int, default=8, help="checkpoints in the sequence")
     parser.add_argument("--every", type=int, default=10, help="training steps between checkpoints")
     parser.add_argument("--warmup", type=int, default=30, help="training steps before the first checkpoint")
-    parser.add_argument("--skip", action="append", default=[], help="skip a peer (zipnn, lz4, zstd-3, bf16)")
+    parser.add_argument("--rounds", type=int, default=None, help="rounds of every peer in turns (default 3, quick 2)")
+    parser.add_argument("--limit", type=int, default=None, help="use only the first N checkpoints of the sequence")
+    parser.add_argument("--skip", action="append", default=[], help="skip a peer (zipnn, zstd-3, lz4, digests)")
+    parser.add_argument("--run-peer", help=argparse.SUPPRESS)
+    parser.add_argument("--folder", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.run_peer:
+        run_peer(args.run_peer, Path(args.folder), WORK / f"store-{args.run_peer}")
+        return 0
     size = "quick" if args.quick else "full"
-
-    import lz4.frame
-    import torch
-    import zstandard
-
-    torch.set_num_threads(2)
-    import logging
-
-    logging.getLogger("seedance_tasks.checkpoint.store").setLevel(logging.ERROR)  # the bf16 row's notes
+    rounds = args.rounds or (2 if args.quick else 3)
     paths = sequence(size, args.count, args.every, args.warmup)
-    states = [(int(p.stem.split("-")[1]), torch.load(p, weights_only=True)) for p in paths]
-    raw_each = len(tensor_blob(states[0][1]))
+    folder = paths[0].parent
+    names = [name for name in PEERS if name not in args.skip]
+    if args.limit:
+        paths = paths[: args.limit]
     load_before = os.getloadavg()[0]
-    print(f"{len(states)} checkpoints of {raw_each / 1e6:.1f} MB (fp32 weights + AdamW state), "
-          f"{args.every} steps apart, after {args.warmup} warm-up steps; 2 cores\n", flush=True)
+    started = time.perf_counter()
+    env = {**os.environ, "OMP_NUM_THREADS": str(THREADS), "BENCH_CKPT_LIMIT": str(len(paths))}
 
-    limits = ceilings([s for _, s in states], WORK)
-    results = [bench_seedance("seedance auto", states, WORK / "store-auto")]
-    key_s, deep_s, depth = restore_times(WORK / "store-auto", [s for s, _ in states], 5)
-    copy_s, stall_s, drain_s = async_stall(states, WORK / "store-async")
-    results.append(bench_seedance("seedance bgzstd (no delta)", states, WORK / "store-bg", codec="bgzstd"))
-    if "zstd-3" not in args.skip:
-        zc = zstandard.ZstdCompressor(level=3, threads=2)
-        zd = zstandard.ZstdDecompressor()
-        results.append(bench_blobs("zstd-3 (2 threads)", [s for _, s in states], zc.compress,
-                                   lambda data, n: zd.decompress(data, max_output_size=n)))
-    if "lz4" not in args.skip:
-        results.append(bench_blobs("lz4", [s for _, s in states], lz4.frame.compress,
-                                   lambda data, n: lz4.frame.decompress(data)))
-    if "zipnn" not in args.skip:
-        import zipnn
+    def run_one(name: str) -> dict:
+        return _peers.measure([__file__, "--run-peer", name, "--folder", str(folder)], env=env, timeout=1800)
 
-        zn = zipnn.ZipNN(input_format="byte", bytearray_dtype="float32", threads=2)
-        # zipnn works in place on its input: give it a copy
-        results.append(bench_blobs("zipnn (2 threads)", [s for _, s in states],
-                                   lambda data: zn.compress(bytearray(data)), lambda data, n: zn.decompress(data)))
-    if "bf16" not in args.skip:
-        results.append(bench_seedance("seedance auto + lossy bf16", states, WORK / "store-bf16", lossy="bf16"))
+    def note(name: str, index: int, result: dict) -> None:
+        print(f"  round {index + 1}: {name:<9} {result['seconds']:6.1f} s in its process, "
+              f"peak RSS {result['peak_rss_mb']:,.0f} MB", flush=True)
 
-    header = (f"{'codec':<28} {'sequence':>9} {'1st ckpt':>9} {'compress':>9} {'decompress':>11} "
-              f"{'compress':>10} {'decompress':>11}")
+    print(f"{len(paths)} checkpoints (fp32 weights + AdamW state), {args.every} steps apart, after "
+          f"{args.warmup} warm-up steps; {rounds} rounds of {', '.join(names)} in turns, each in a fresh process; "
+          f"{THREADS} threads each", flush=True)
+    results = _peers.rounds(names, run_one, rounds, note)
+    ours = results["seedance"]
+    raw_each = ours[0]["raw"] / len(paths)
+
+    print(f"\n{len(paths)} checkpoints of {raw_each / 1e6:.1f} MB; median (min–max) over {rounds} rounds")
+    header = (f"{'peer':<10} {'sequence':>9} {'1 ckpt':>8} {'compress MB/s':>22} {'restore MB/s':>24} "
+              f"{'peak RSS MB':>12}")
     print(header)
-    print(f"{'':<28} {'ratio':>9} {'ratio':>9} {'MB/s':>9} {'MB/s':>11} {'MB/cpu-s':>10} {'MB/cpu-s':>11}")
     print("-" * len(header))
-    for r in results:
-        print(f"{r['name']:<28} {r['ratio']:>8.3f}x {r['first']:>8.3f}x {r['c_mbs']:>9,.0f} {r['d_mbs']:>11,.0f} "
-              f"{r['c_cpu']:>10,.0f} {r['d_cpu']:>11,.0f}")
-    auto = results[0]
-    peers = {r["name"]: r for r in results}
-    print("\nMB/s: wall clock on the 2 cores; MB/cpu-s: per second of CPU time summed over threads (the work "
-          "itself, whatever else runs on the machine)")
-    print(f"seedance auto: checkpoint kinds {auto['kinds']} (K keyframe, d delta); decompress = load() "
-          "incl. reading the store and sha256 of every chunk")
-    print(f"restore of step at delta depth {depth}: {deep_s:.3f} s vs keyframe {key_s:.3f} s = "
-          f"{deep_s / key_s:.2f}x (goal < 2x; best of 5, in turns)")
-    print(f"save_async: the loop waits {copy_s * 1000:.0f} ms for the host copy where save() takes "
-          f"{raw_each / auto['c_mbs'] / 1e3:.0f} ms; called {len(states)} times back to back it waits "
-          f"{stall_s * 1000:.0f} ms a call (queued behind the running save), all stored after {drain_s:.2f} s "
-          "(not counted as compress MB/s)")
-    for name in ("zstd-3 (2 threads)", "lz4", "zipnn (2 threads)"):
-        if name in peers:
-            print(f"seedance auto / {name}: {auto['ratio'] / peers[name]['ratio']:.3f}x smaller "
-                  f"(sequence), {auto['first'] / peers[name]['first']:.3f}x (first checkpoint)")
-    print(f"machine ceilings on the same bytes: sha256 on 2 threads {limits['sha256']:,.0f} MB/s "
-          f"(save hashes every chunk, load checks every chunk); file write {limits['write']:,.0f} MB/s")
-    print(f"\nload average (1 min) before / after: {load_before:.1f} / {os.getloadavg()[0]:.1f} "
-          f"on {os.cpu_count()} cores (other work on the machine lowers every MB/s figure alike)")
-    print("goals: sequence >= 1.30x, first checkpoint >= 1.20x and >= zipnn, compress >= 1,000 MB/s, "
-          "decompress >= 3,000 MB/s, deep restore < 2x keyframe restore")
+    for name in [n for n in names if n != "digests"]:
+        runs = results[name]
+        restore_label = " (verified)" if name == "seedance" else ""
+        print(f"{name:<10} {_peers.median(runs, 'ratio'):>8.3f}x {_peers.median(runs, 'first'):>7.3f}x "
+              f"{_mbs(runs, 'compress_s'):>22} {_mbs(runs, 'restore_s') + restore_label:>24} "
+              f"{_peers.median(runs, 'peak_rss_mb'):>12,.0f}")
+    print("\nseedance: compress = checkpoint.save into a local store (files written, manifest committed); restore = "
+          "checkpoint.load (read, decode, delta chain, BLAKE3 of every chunk). Peers: one blob each, in memory.")
+    print(f"seedance kinds {ours[0]['kinds']} (K keyframe, d delta); codec choices sampled {ours[0]['sampled']}, "
+          f"reused {ours[0]['reused']} (tensor-saves)")
+    if "zipnn" in results:
+        zipnn = results["zipnn"]
+        print("\nagainst zipnn, per round (rounds paired):")
+        print(f"  verified restore vs zipnn decompress: {_peers.ratio_spread(ours, zipnn, 'restore_s')} faster "
+              "(goal >= 1.2x)")
+        print(f"  compress vs zipnn compress:           {_peers.ratio_spread(ours, zipnn, 'compress_s')} faster "
+              "(goal >= 1.5x)")
+        print(f"  sequence ratio:          {_peers.median(ours, 'ratio'):.3f}x vs {_peers.median(zipnn, 'ratio'):.3f}x "
+              f"= {_peers.median(ours, 'ratio') / _peers.median(zipnn, 'ratio'):.3f}x smaller (must stay > 1)")
+        print(f"  single-checkpoint ratio: {_peers.median(ours, 'first'):.3f}x vs {_peers.median(zipnn, 'first'):.3f}x "
+              f"= {_peers.median(ours, 'first') / _peers.median(zipnn, 'first'):.3f}x smaller (must stay > 1)")
+    print(f"\nsave_async: the loop waits {_peers.spread(ours, 'stall_spaced_median_s', '{:.3f}')} s a call (median over "
+          f"all {len(paths)} calls, calls 1.2x a save apart) where save() takes "
+          f"{_peers.spread(ours, 'save_median_s', '{:.3f}')} s (median)")
+    print(f"restore of the deepest delta (depth {ours[0]['depth']}): {_peers.spread(ours, 'deep_s', '{:.3f}')} s vs "
+          f"keyframe {_peers.spread(ours, 'key_s', '{:.3f}')} s (best of 2 in turns, each round)")
+    if "digests" in results:
+        digests = results["digests"]
+        print(f"digests on the same bytes, 4 MiB chunks on {THREADS} threads: sha256 "
+              f"{_peers.spread(digests, 'sha256_mbs', '{:,.0f}')} MB/s (format 1), BLAKE3 "
+              f"{_peers.spread(digests, 'blake3_mbs', '{:,.0f}')} MB/s (format 2)")
+    print(f"\nload average (1 min) before / after: {load_before:.1f} / {os.getloadavg()[0]:.1f} on {os.cpu_count()} "
+          f"cores; whole bench {time.perf_counter() - started:.0f} s")
     return 0
 
 

@@ -66,7 +66,8 @@ def wait_for_saves() -> None:
 
 
 def load(store: str, run: str, step: int | None = None) -> Any:
-    """The state saved as `run`/`step` (None: the latest committed step), bit-exact, sha256-verified.
+    """The state saved as `run`/`step` (None: the latest committed step), bit-exact, every chunk
+    verified against its digest (BLAKE3; sha256 in format-1 stores).
 
     Raises IntegrityError naming the tensor and file on any damage or missing base. Tensors of
     a lossy (bf16) checkpoint come back in their original dtype at bf16 precision (logged).

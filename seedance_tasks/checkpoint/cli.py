@@ -79,7 +79,7 @@ def get(
     fmt: str = typer.Option(None, "--format", help="pt | safetensors (default: from --out)"),
     as_json: bool = JSON_OPTION,
 ) -> None:
-    """Restore a checkpoint bit-exact (sha256-verified) into a .pt or .safetensors file."""
+    """Restore a checkpoint bit-exact (every chunk digest-verified) into a .pt or .safetensors file."""
     import time
 
     from seedance_tasks import storage
@@ -146,7 +146,7 @@ def verify(
     step: int = typer.Option(None, "--step", min=0, help="only this step (default: every step of the run)"),
     as_json: bool = JSON_OPTION,
 ) -> None:
-    """Decode every tensor and check every sha256; exits non-zero on any damage."""
+    """Decode every tensor and check every chunk digest; exits non-zero on any damage."""
     from seedance_tasks.checkpoint import _settings
     from seedance_tasks.checkpoint.store import verify_run
 

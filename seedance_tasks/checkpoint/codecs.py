@@ -11,8 +11,9 @@ A delta is taken against the same chunk of the same tensor in the base checkpoin
 patterns seen as unsigned integers: `xor` (a ^ b), `sub` (a - b, wrapping, on whole elements) or
 `bsub` (a - b on each byte plane, wrapping per byte: nearly as small as `sub` on floats), then
 byte-grouped. XOR and `bsub` commute with byte grouping, so a chain of them is undone plane by
-plane and ungrouped once; `auto` prefers them unless `sub` is clearly smaller (SUB_MARGIN). zstd frames carry a content checksum; every chunk also has a sha256 in the
-manifest. Compression and decompression release the GIL, so chunks run in parallel on threads.
+plane and ungrouped once; `auto` prefers them unless `sub` is clearly smaller (SUB_MARGIN). zstd
+frames carry a content checksum; every chunk also has a BLAKE3 digest in the manifest.
+Compression and decompression release the GIL, so chunks run in parallel on threads.
 
 Grouped payload layout: `width` little-endian uint32 segment lengths (high bit set: the plane is
 stored raw, else it is one zstd frame), then the segments.

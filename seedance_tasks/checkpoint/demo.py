@@ -42,6 +42,6 @@ def demo(workspace: Path, airflow: DemoAirflow) -> DemoResult:
             ("ratio (lossless)", f"{report['ratio']:.3f}x"),
         ]
     if restored is not None:
-        figures.append(("restored latest step (sha256-verified)", f"{restored['step']}"))
+        figures.append(("restored latest step (digest-verified)", f"{restored['step']}"))
     return DemoResult("checkpoint store", "seedance_checkpoints", dag_run.state, did, figures,
                       outputs=[str(store), str(inbox / "_seedance" / "trash")])

@@ -2,7 +2,7 @@
 
 `scan` lists what is ready (not hidden, older than `inbox_min_age`, a step number in the name:
 the last integer of the file name, e.g. `step-000120.pt` -> 120). `ingest_one` compresses one
-file into the store, verifies the stored checkpoint by decoding it (sha256 of every chunk), and
+file into the store, verifies the stored checkpoint by decoding it (the digest of every chunk), and
 only then moves the raw file to `INBOX/_seedance/trash/<run-id>/` (purged later by age).
 
 Attempt-safe: each attempt works under the run's lease (`run-<run>` in the store) and records

@@ -26,6 +26,14 @@ class CheckpointSettings(StrictModel):
     min_delta_gain: float = Field(
         0.02, ge=0, lt=1, description="a tensor's delta must save this fraction over full, else stored full"
     )
+    resample_every: int = Field(
+        4, ge=0, description="auto reuses a tensor's codec choice from the run's previous save for this many "
+        "saves in all, then samples again (0 or 1: sample at every save)"
+    )
+    resample_drift: float = Field(
+        0.1, gt=0, lt=1, description="a reused codec choice whose ratio fell by this fraction is sampled again "
+        "at the next save"
+    )
     chunk_size: ByteSize = Field(4 * 1024**2, description="raw bytes per chunk (unit of parallelism and of reads)")
     data_file_size: ByteSize = Field(1024**3, description="a checkpoint's data files roll over at this size")
     lossy: Literal["bf16"] | None = Field(None, description="opt-in lossy downcast of float32/64 tensors")

@@ -1,12 +1,14 @@
 """The checkpoint store: `STORE/RUN/step-N/` = data files + `manifest.json` (written last = commit).
 
-Layout and manifest (format `seedance-checkpoint/1`), which GC and tiering rely on:
+Layout and manifest (format `seedance-checkpoint/2`; `/1` stores are still read), which GC and
+tiering rely on:
 
 - `tree`: the checkpoint's tree with tensors replaced by their index (see `tree.py`).
 - `tensors[i]`: name, dtype (as given), stored_dtype (differs only under lossy `bf16`), shape,
   codec, `base` (the step a delta tensor is taken against, else null), chunk_bytes, and `chunks`:
-  `{file, offset, length, raw, sha256}` - where the compressed bytes are and the sha256 of the
-  raw (stored-dtype) bytes of that chunk. A tensor is read alone by reading only its chunks.
+  `{file, offset, length, raw, blake3}` - where the compressed bytes are and the BLAKE3 digest of
+  the raw (stored-dtype) bytes of that chunk (`sha256` in format 1). A tensor is read alone by
+  reading only its chunks.
 - `files`: `{name: {size, tier, uri}}`; `uri` null means "next to the manifest", otherwise the
   file lives at that URI (another tier). Readers go through `file_location`.
 - `base`: `{step, id}` of the checkpoint this one's deltas are against (null for a keyframe),
@@ -27,7 +29,6 @@ a manifest is an interrupted save: invisible to readers.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import mmap
 import os
@@ -48,7 +49,7 @@ import numpy as np
 import pyarrow.fs as pafs
 
 from seedance_tasks import storage
-from seedance_tasks.checkpoint import codecs
+from seedance_tasks.checkpoint import choices, codecs
 from seedance_tasks.checkpoint.catalog import (  # noqa: F401 - re-exported: the store's public API
     check_run_name,
     commit_manifest,
@@ -59,7 +60,7 @@ from seedance_tasks.checkpoint.catalog import (  # noqa: F401 - re-exported: the
     read_manifest,
     runs,
 )
-from seedance_tasks.checkpoint.manifest import FORMAT, MANIFEST, STEP_DIR, step_dir  # noqa: F401
+from seedance_tasks.checkpoint.manifest import FORMAT, MANIFEST, STEP_DIR, chunk_digest, step_dir  # noqa: F401
 from seedance_tasks.checkpoint.tree import flatten, keep_exact, same_tree, unflatten
 from seedance_tasks.errors import IntegrityError, RefusedError, UsageError
 from seedance_tasks.storage import Location
@@ -124,6 +125,9 @@ class _Prepared:
     mask: str = ""
     base: np.ndarray | None = None
     base_step: int | None = None
+    reused: choices.Choice | None = None  # the remembered codec choice this save reused
+    sampled: bool = False  # codecs were tried on samples of it at this save
+    choice_key: tuple = ()  # what its codec choice is remembered under (choices.key)
     chunks: list[dict] = field(default_factory=list)
 
 
@@ -154,6 +158,8 @@ def _prepare(name: str, tensor, lossy: str | None, lossy_min_elements: int) -> _
 # --------------------------------------------------------------------------- base cache (training loops)
 
 _CACHE: dict[tuple[str, str], dict] = {}
+_SPARE: dict[tuple[str, str], dict[str, np.ndarray]] = {}  # buffers of a dropped cache entry, for the next snapshot
+_IN_FLIGHT: dict[tuple[str, str], int] = {}  # saves of a run running now (spare buffers only go to a lone save)
 _CACHE_LOCK = threading.Lock()
 
 
@@ -259,137 +265,190 @@ def save_state(
     for item in prepared:
         item.chunk_bytes = max(chunk_size // item.width, 1) * item.width
 
-    base_manifest, group = None, [step]
-    reference = settings.delta_reference
-    if codec in ("auto", "delta"):
-        base_manifest, group = _base_for(store, run, step, keyframe_every, reference)
-    base_raw = _base_bytes(store, run, base_manifest, settings) if base_manifest else {}
-
-    level = settings.zstd_level
-    base_tensors = {t["name"]: t for t in base_manifest["tensors"]} if base_manifest else {}
-
-    def decide(item: _Prepared) -> None:
-        entry = base_tensors.get(item.name)
-        candidate = base_raw.get(item.name)
-        if (
-            entry is not None
-            and candidate is not None
-            and entry["stored_dtype"] == item.stored_dtype
-            and entry["shape"] == item.shape
-            and entry["chunk_bytes"] == item.chunk_bytes
-        ):
-            item.base = candidate
-        floats = item.stored_dtype.startswith(("float", "bfloat", "complex"))
-        if codec in ("auto", "delta"):
-            candidates = ("bgzstd", *(() if floats else ("zstd",)), *codecs.DELTA_CODECS)
-        else:
-            candidates = (codec,)
-        if codec in ("zstd", "lz4"):
-            item.codec, item.mask = codec, ""
-        else:
-            item.codec, item.mask = codecs.choose(
-                item.raw, item.width, level, item.base, settings.min_delta_gain, candidates
-            )
-        if item.codec in codecs.DELTA_CODECS:
-            item.base_step = base_manifest["step"]
-        else:
-            item.base = None
-
-    workers = _workers(settings.workers)
-    tasks: list[tuple[_Prepared, int, int]] = []
-    with ThreadPoolExecutor(workers, thread_name_prefix="ckpt") as pool:
-        list(pool.map(decide, prepared))
-        for item in prepared:
-            size = item.raw.size
-            for offset in range(0, max(size, 1), item.chunk_bytes):
-                tasks.append((item, offset, min(offset + item.chunk_bytes, size)))
-
-        # a later save deltas against this one: snapshot it chunk by chunk while each is in cache
-        # (a training loop goes on changing its tensors in place)
-        snapshot = (
-            {item.name: np.empty_like(item.raw) for item in prepared}
-            if settings.cache_base and step in _still_needed(group, keyframe_every, reference)
-            else {}
-        )
-
-        def encode(task: tuple[_Prepared, int, int]) -> tuple[bytes, str]:
-            item, start, stop = task
-            raw = item.raw[start:stop]
-            base = item.base[start:stop] if item.base is not None else None
-            payload = codecs.encode(item.codec, raw, item.width, level, base, item.mask or None)
-            if snapshot:
-                snapshot[item.name][start:stop] = raw
-            return payload, hashlib.sha256(raw).hexdigest()
-
-        files = _write_chunks(store, run, step, tasks, pool, encode, workers, settings.data_file_size, progress,
-                              attempt)
-
-    raw_total = sum(item.original_bytes for item in prepared)  # as given, before any lossy downcast
-    stored_total = sum(entry["size"] for entry in files.values())
-    uses_delta = any(item.base_step is not None for item in prepared)
-    base_ref = {"step": base_manifest["step"], "id": base_manifest["id"]} if uses_delta else None
-    chain = [base_manifest["step"], *base_manifest.get("chain", [])] if uses_delta else []
-    group = group if uses_delta else [step]  # a checkpoint stored full starts a new keyframe group
-    seconds = time.perf_counter() - started
-    manifest = {
-        "format": FORMAT,
-        "id": uuid.uuid4().hex,
-        "run": run,
-        "step": step,
-        "created_at": datetime.now(UTC).isoformat(),
-        "kind": "delta" if uses_delta else "full",
-        "base": base_ref,
-        "chain": chain,
-        "depth": len(chain),
-        "group": group,
-        "lossy": lossy if any(item.lossy for item in prepared) else None,
-        "tree": skeleton,
-        "files": files,
-        "tensors": [
-            {
-                "name": item.name,
-                "dtype": item.dtype,
-                "stored_dtype": item.stored_dtype,
-                "lossy": item.lossy,
-                "shape": item.shape,
-                "nbytes": item.raw.size,
-                "codec": item.codec,
-                "planes": item.mask or None,
-                "base": item.base_step,
-                "chunk_bytes": item.chunk_bytes,
-                "chunks": item.chunks,
-            }
-            for item in prepared
-        ],
-        "metrics": dict(metrics or {}),
-        "tags": sorted(set(tags)),
-        "source": source or {},
-        "stats": {
-            "raw_bytes": raw_total,
-            "stored_bytes": stored_total,
-            "ratio": raw_total / stored_total if stored_total else None,
-            "seconds": seconds,
-            "codecs": _codec_counts(prepared),
-        },
-    }
+    memory_key = (store.uri, run)
+    _in_flight(memory_key, +1)
     try:
-        committed = commit_manifest(store, manifest)
-    except BaseException:
-        if _committed_by(store, run, step) is None:  # ours may have landed before the error: keep it
+        base_manifest, group = None, [step]
+        reference = settings.delta_reference
+        if codec in ("auto", "delta"):
+            base_manifest, group = _base_for(store, run, step, keyframe_every, reference)
+        base_raw = _base_bytes(store, run, base_manifest, settings) if base_manifest else {}
+
+        level = settings.zstd_level
+        base_tensors = {t["name"]: t for t in base_manifest["tensors"]} if base_manifest else {}
+        # a delta against the save just before differs in kind from one against an older keyframe
+        base_kind = None if base_manifest is None else (
+            "previous" if len(group) >= 2 and base_manifest["step"] == group[-2] else "older")
+
+        def decide(item: _Prepared) -> None:
+            entry = base_tensors.get(item.name)
+            candidate = base_raw.get(item.name)
+            if (
+                entry is not None
+                and candidate is not None
+                and entry["stored_dtype"] == item.stored_dtype
+                and entry["shape"] == item.shape
+                and entry["chunk_bytes"] == item.chunk_bytes
+            ):
+                item.base = candidate
+            floats = item.stored_dtype.startswith(("float", "bfloat", "complex"))
+            if codec in ("auto", "delta"):
+                candidates = ("bgzstd", *(() if floats else ("zstd",)), *codecs.DELTA_CODECS)
+            else:
+                candidates = (codec,)
+            remembered = None
+            item.choice_key = choices.key(item.name, item.stored_dtype, item.shape,
+                                          base_kind if item.base is not None else None)
+            if codec not in ("zstd", "lz4"):
+                remembered = choices.recall(*memory_key, item.choice_key, settings.resample_every)
+            if codec in ("zstd", "lz4"):
+                item.codec, item.mask = codec, ""
+            elif remembered is not None and remembered.codec in (*candidates, "zstd") and (  # zstd: tiny ones
+                item.base is not None or remembered.codec not in codecs.DELTA_CODECS
+            ):
+                item.codec, item.mask, item.reused = remembered.codec, remembered.mask, remembered
+            else:
+                item.codec, item.mask = codecs.choose(
+                    item.raw, item.width, level, item.base, settings.min_delta_gain, candidates
+                )
+                item.sampled = True
+            if item.codec in codecs.DELTA_CODECS:
+                item.base_step = base_manifest["step"]
+            else:
+                item.base = None
+
+        workers = _workers(settings.workers)
+        tasks: list[tuple[_Prepared, int, int]] = []
+        with ThreadPoolExecutor(workers, thread_name_prefix="ckpt") as pool:
+            list(pool.map(decide, prepared))
+            for item in prepared:
+                size = item.raw.size
+                for offset in range(0, max(size, 1), item.chunk_bytes):
+                    tasks.append((item, offset, min(offset + item.chunk_bytes, size)))
+
+            # a later save deltas against this one: snapshot it chunk by chunk while each is in cache
+            # (a training loop goes on changing its tensors in place)
+            snapshot = (
+                _snapshot_buffers(memory_key, prepared)
+                if settings.cache_base and step in _still_needed(group, keyframe_every, reference)
+                else {}
+            )
+            _field, digest_of = chunk_digest(FORMAT)
+
+            def encode(task: tuple[_Prepared, int, int]) -> tuple[bytes, str]:
+                item, start, stop = task
+                raw = item.raw[start:stop]
+                base = item.base[start:stop] if item.base is not None else None
+                payload = codecs.encode(item.codec, raw, item.width, level, base, item.mask or None)
+                if snapshot:
+                    snapshot[item.name][start:stop] = raw
+                return payload, digest_of(raw)
+
+            files = _write_chunks(store, run, step, tasks, pool, encode, workers, settings.data_file_size, progress,
+                                  attempt)
+
+        raw_total = sum(item.original_bytes for item in prepared)  # as given, before any lossy downcast
+        stored_total = sum(entry["size"] for entry in files.values())
+        uses_delta = any(item.base_step is not None for item in prepared)
+        base_ref = {"step": base_manifest["step"], "id": base_manifest["id"]} if uses_delta else None
+        chain = [base_manifest["step"], *base_manifest.get("chain", [])] if uses_delta else []
+        group = group if uses_delta else [step]  # a checkpoint stored full starts a new keyframe group
+        seconds = time.perf_counter() - started
+        manifest = {
+            "format": FORMAT,
+            "id": uuid.uuid4().hex,
+            "run": run,
+            "step": step,
+            "created_at": datetime.now(UTC).isoformat(),
+            "kind": "delta" if uses_delta else "full",
+            "base": base_ref,
+            "chain": chain,
+            "depth": len(chain),
+            "group": group,
+            "lossy": lossy if any(item.lossy for item in prepared) else None,
+            "tree": skeleton,
+            "files": files,
+            "tensors": [
+                {
+                    "name": item.name,
+                    "dtype": item.dtype,
+                    "stored_dtype": item.stored_dtype,
+                    "lossy": item.lossy,
+                    "shape": item.shape,
+                    "nbytes": item.raw.size,
+                    "codec": item.codec,
+                    "planes": item.mask or None,
+                    "base": item.base_step,
+                    "chunk_bytes": item.chunk_bytes,
+                    "sampled": item.sampled,
+                    "chunks": item.chunks,
+                }
+                for item in prepared
+            ],
+            "metrics": dict(metrics or {}),
+            "tags": sorted(set(tags)),
+            "source": source or {},
+            "stats": {
+                "raw_bytes": raw_total,
+                "stored_bytes": stored_total,
+                "ratio": raw_total / stored_total if stored_total else None,
+                "seconds": seconds,
+                "codecs": _codec_counts(prepared),
+                "sampled": sum(1 for item in prepared if item.sampled),
+                "reused": sum(1 for item in prepared if item.reused is not None),
+            },
+        }
+        try:
+            committed = commit_manifest(store, manifest)
+        except BaseException:
+            if _committed_by(store, run, step) is None:  # ours may have landed before the error: keep it
+                _discard(store, run, step, files)
+            raise
+        if not committed:  # another save of this step won the race: leave nothing of ours behind
             _discard(store, run, step, files)
-        raise
-    if not committed:  # another save of this step won the race: leave nothing of ours behind
-        _discard(store, run, step, files)
-        raise _already_stored(store, run, step, raced=True)
-    if settings.cache_base:
-        needed = _still_needed(group, keyframe_every, reference)
-        with _CACHE_LOCK:
-            kept = {s: v for s, v in _CACHE.get(_cache_key(store, run), {}).items() if s in needed}
-            if step in needed:  # not snapshotted when the save was planned as a delta that did not pay
-                raw = snapshot or {item.name: item.raw.copy() for item in prepared}
-                kept[step] = {"id": manifest["id"], "raw": raw}
-            _CACHE[_cache_key(store, run)] = kept
-    return summary(manifest, store.uri, seconds=time.perf_counter() - started)
+            raise _already_stored(store, run, step, raced=True)
+        if codec not in ("zstd", "lz4"):
+            for item in prepared:
+                stored_bytes = sum(chunk["length"] for chunk in item.chunks)
+                choices.remember(*memory_key, item.choice_key, item.codec, item.mask,
+                                 item.raw.size / stored_bytes if stored_bytes else 1.0, item.reused,
+                                 settings.resample_drift)
+        if settings.cache_base:
+            needed = _still_needed(group, keyframe_every, reference)
+            with _CACHE_LOCK:
+                before = _CACHE.get(_cache_key(store, run), {})
+                kept = {s: v for s, v in before.items() if s in needed}
+                if step in needed:  # not snapshotted when the save was planned as a delta that did not pay
+                    raw = snapshot or {item.name: item.raw.copy() for item in prepared}
+                    kept[step] = {"id": manifest["id"], "raw": raw}
+                dropped = [v["raw"] for s, v in before.items() if s not in kept]
+                if dropped:  # one dropped state's buffers wait for the next snapshot (no fresh pages to fault in)
+                    _SPARE[_cache_key(store, run)] = dropped[-1]
+                _CACHE[_cache_key(store, run)] = kept
+        return summary(manifest, store.uri, seconds=time.perf_counter() - started)
+    finally:
+        _in_flight(memory_key, -1)
+
+
+def _in_flight(memory_key: tuple[str, str], change: int) -> None:
+    with _CACHE_LOCK:
+        count = _IN_FLIGHT.get(memory_key, 0) + change
+        if count:
+            _IN_FLIGHT[memory_key] = count
+        else:
+            _IN_FLIGHT.pop(memory_key, None)
+
+
+def _snapshot_buffers(memory_key: tuple[str, str], prepared: list[_Prepared]) -> dict[str, np.ndarray]:
+    """One buffer per tensor for the base snapshot of this save: a spare buffer of the same size
+    from a state dropped from the cache where there is one (its pages are already mapped), else new."""
+    with _CACHE_LOCK:  # another save of the run may still read a dropped state as its base: no reuse then
+        spare = _SPARE.pop(memory_key, {}) if _IN_FLIGHT.get(memory_key, 0) == 1 else {}
+    buffers = {}
+    for item in prepared:
+        found = spare.pop(item.name, None)
+        buffers[item.name] = found if found is not None and found.size == item.raw.size else np.empty_like(item.raw)
+    return buffers
 
 
 def _codec_counts(prepared: list[_Prepared]) -> dict[str, int]:
@@ -418,6 +477,8 @@ def summary(manifest: dict, store_uri: str, seconds: float | None = None) -> dic
         "seconds": round(seconds, 4),
         "mb_per_s": round(stats["raw_bytes"] / seconds / 1e6, 1) if seconds else None,
         "codecs": stats["codecs"],
+        "codecs_sampled": stats.get("sampled"),  # tensors whose codec was chosen on samples (format 2)
+        "codecs_reused": stats.get("reused"),  # tensors that reused the choice of an earlier save
     }
 
 
@@ -503,7 +564,7 @@ def _write_chunks(store, run, step, tasks, pool, encode, workers, data_file_size
             for part in [payload] if isinstance(payload, bytes) else payload:
                 stream.write(part)
             item.chunks.append(
-                {"file": name, "offset": offset, "length": length, "raw": stop - start, "sha256": digest}
+                {"file": name, "offset": offset, "length": length, "raw": stop - start, "blake3": digest}
             )
             offset += length
             if progress:
@@ -605,6 +666,7 @@ class _Chain:
         self.manifest = manifest or read_manifest(store, run, step)
         self.files = _Files(store, run, self.manifest)
         self.tensors = {t["name"]: t for t in self.manifest["tensors"]}
+        self.digest_field, self.digest = chunk_digest(self.manifest)  # blake3 (format 2) or sha256 (1)
         self._base: _Chain | None = None
         self._lock = threading.Lock()
 
@@ -637,7 +699,7 @@ class _Chain:
         """Chunk `index` of tensor `name` with its chain applied: (planes, True) or (raw bytes, False).
 
         XOR deltas are undone plane by plane (XOR commutes with byte grouping), so a chain of them
-        is ungrouped once, by the caller. With `check`, this level's sha256 is checked too.
+        is ungrouped once, by the caller. With `check`, this level's chunk digest is checked too.
         """
         entry = self.tensors.get(name)
         if entry is None:
@@ -677,12 +739,12 @@ class _Chain:
             if grouped:
                 flat = np.empty(size, dtype=np.uint8)
                 codecs.ungroup(decoded, width, flat)
-            if hashlib.sha256(flat).hexdigest() != chunk["sha256"]:
-                raise IntegrityError(f"{self._where(name, index, chunk)} does not match its sha256")
+            if self.digest(flat) != chunk[self.digest_field]:
+                raise IntegrityError(f"{self._where(name, index, chunk)} does not match its {self.digest_field}")
         return decoded, grouped
 
     def chunk(self, name: str, index: int, out: np.ndarray, check: bool) -> None:
-        """Decode chunk `index` of tensor `name` (stored bytes) into `out`; sha256-checked if `check`."""
+        """Decode chunk `index` of tensor `name` (stored bytes) into `out`; digest-checked if `check`."""
         decoded, grouped = self.decoded(name, index, check)
         if grouped:
             codecs.ungroup(decoded, _torch_dtype(self.tensors[name]["stored_dtype"]).itemsize, out)
@@ -691,7 +753,7 @@ class _Chain:
 
 
 def _decode_tensors(chain: _Chain, names: list[str], workers: int, progress=None) -> dict[str, np.ndarray]:
-    """Stored bytes of each tensor in `names`, every chunk checked against its sha256."""
+    """Stored bytes of each tensor in `names`, every chunk checked against its digest (blake3 or sha256)."""
     outputs = {name: np.empty(chain.tensors[name]["nbytes"], dtype=np.uint8) for name in names}
     jobs = []
     for name in names:
@@ -708,12 +770,12 @@ def _decode_tensors(chain: _Chain, names: list[str], workers: int, progress=None
         try:
             chain.chunk(name, index, outputs[name][start:stop], check=False)
             entry = chain.tensors[name]["chunks"][index]
-            if hashlib.sha256(outputs[name][start:stop]).hexdigest() != entry["sha256"]:
+            if chain.digest(outputs[name][start:stop]) != entry[chain.digest_field]:
                 # find the damaged link of the chain: decode again checking every level
                 chain.chunk(name, index, outputs[name][start:stop], check=True)
                 raise IntegrityError(
                     f"tensor {name} of {chain.run}/{step_dir(chain.step)}: chunk {index} in "
-                    f"{chain.files.where(entry['file'])} does not match its sha256"
+                    f"{chain.files.where(entry['file'])} does not match its {chain.digest_field}"
                 )
         finally:
             if progress:
@@ -761,7 +823,7 @@ def resolve_step(store: Location, run: str, step: int | None) -> int:
 
 
 def load_state(store_uri: str, run: str, step: int | None, *, workers: int = 0, progress=None):
-    """(state, manifest) of checkpoint `run`/`step` (None: latest), every chunk sha256-verified.
+    """(state, manifest) of checkpoint `run`/`step` (None: latest), every chunk verified against its digest.
 
     A lossy (bf16) tensor comes back in its original dtype with bf16 precision; a warning says so.
     """
@@ -781,7 +843,8 @@ def load_state(store_uri: str, run: str, step: int | None, *, workers: int = 0, 
 
 
 def same_content(state: Any, manifest: dict) -> bool:
-    """True if `state` has the same tree and the same tensor bytes (chunk sha256s) as `manifest`."""
+    """True if `state` has the same tree and the same tensor bytes (chunk digests) as `manifest`."""
+    digest_field, digest_of = chunk_digest(manifest)
     skeleton, named = flatten(state)
     if not same_tree(skeleton, manifest["tree"]) or len(named) != len(manifest["tensors"]):
         return False
@@ -792,7 +855,7 @@ def same_content(state: Any, manifest: dict) -> bool:
         start = 0
         for chunk in entry["chunks"]:
             piece = item.raw[start : start + chunk["raw"]]
-            if piece.size != chunk["raw"] or hashlib.sha256(piece).hexdigest() != chunk["sha256"]:
+            if piece.size != chunk["raw"] or digest_of(piece) != chunk[digest_field]:
                 return False
             start += chunk["raw"]
         if start != item.raw.size:
@@ -812,7 +875,7 @@ def load_tensors(store_uri: str, run: str, step: int | None, names: list[str], *
 
 
 def verify(store_uri: str, run: str, step: int, *, workers: int = 0) -> dict:
-    """Decode every tensor of `run`/`step` (and its chain) and check every sha256; raises IntegrityError."""
+    """Decode every tensor of `run`/`step` (and its chain) and check every chunk digest; raises IntegrityError."""
     store = storage.resolve(store_uri)
     started = time.perf_counter()
     chain = _Chain(store, run, step)

@@ -21,6 +21,7 @@ def _clean():
     ckstore._CACHE.clear()
     yield
     background._queued.clear()
+    background._spare.clear()
     ckstore._CACHE.clear()
 
 
@@ -87,3 +88,36 @@ def test_one_copy_at_most_waits_behind_the_running_save():
     caller.join()
     background.wait_all()
     assert started == [1, 2, 3] and first.result() == {"i": 1} and second.result() == {"i": 2}
+
+
+def _spare_ptrs(deadline_s: float = 30.0) -> list[int]:
+    """The data pointers of the host copies kept after a save (set by the save's done callback,
+    which may run just after its Future wakes the waiter)."""
+    import time
+
+    stop = time.monotonic() + deadline_s
+    while time.monotonic() < stop:
+        with background._spare_lock:
+            if background._spare:
+                return [t.data_ptr() for t in background._spare]
+        time.sleep(0.01)
+    raise AssertionError("no host copy was kept after the save")
+
+
+def test_save_async_writes_the_next_copy_into_the_finished_saves_buffers(tmp_path):
+    store = str(tmp_path / "s")
+    gen = torch.Generator().manual_seed(3)
+    first = {"w": torch.randn(4096, generator=gen), "b": torch.randn(64, generator=gen), "step": 1}
+    second = {"w": torch.randn(4096, generator=gen), "b": torch.randn(64, generator=gen), "step": 2}
+    expected = {1: copy.deepcopy(first), 2: copy.deepcopy(second)}
+    checkpoint.save_async(first, store, "r", 1).result()
+    kept = _spare_ptrs()
+    future = checkpoint.save_async(second, store, "r", 2)
+    second["w"].zero_()  # the loop changes its tensors at once: the copy already holds the values
+    future.result()
+    assert _spare_ptrs() == kept  # the second copy went into the first one's buffers
+    checkpoint.wait_for_saves()
+    assert background._spare == []  # wait_for_saves lets the kept copy go
+    ckstore._CACHE.clear()
+    for step, state in expected.items():
+        assert_same(state, checkpoint.load(store, "r", step), f"step {step}")
