@@ -1,34 +1,68 @@
-"""Preprocessing throughput: seedance's I/O-pool/CPU-pool pipeline vs a plain single-process loop vs
-`torch.utils.data.DataLoader(num_workers=2)` over `webdataset.WebDataset`, same shards, same work.
+"""Preprocessing throughput, like for like: seedance's I/O-pool/CPU-pool pipeline against
+`torch.utils.data.DataLoader(num_workers=2)` over `webdataset.WebDataset`, both doing the SAME
+decode and writing the SAME bytes.
 
 The work, for every peer: read the samples from WebDataset tar shards on local disk, decode the
 JPEG, resize the short side to 224 and center-crop (bilinear), convert to a uint8 array (3, 224,
-224), write it as KEY.npy (plus KEY.cls) into output tar shards. Samples/s counts samples written.
+224), write it as KEY.npy (plus KEY.cls) into output tar shards with their sha256. Every peer
+calls the same function for the image work (`seedance_tasks.preprocess.transform.to_chw`), so a
+gain can only come from the pipeline around it.
 
-Data: photo-like 640x480 JPEGs (quality 85, ~60 KB), generated once under bench/_work/preprocess/
-(a few hundred distinct images repeated under distinct keys, so generation stays quick; decoding
-cost does not depend on repetition), packed into shards by `seedance shards build`. Two extra rows
-separate the gain of the pools from that of reduced-size JPEG decoding (`draft`): seedance with
-`draft` off, and the DataLoader given the same `draft` decode.
+Rows:
+- headline: seedance vs the DataLoader, both decoding every JPEG in full;
+- reduced-size decode (libjpeg DCT scaling through PIL's `draft`), its own rows: seedance and the
+  DataLoader both with it, and its quality cost, the PSNR of its outputs against the full
+  decode's (mean and min over every sample);
+- the transform alone in one process, on images already in memory: the CPU a sample costs
+  without any pipeline. CPU-bound on the same cores, a pipeline cannot beat the DataLoader by
+  more than the DataLoader's CPU per sample over this (the "ceiling" line).
 
-    .venv/bin/python bench/preprocess.py            # 20,000 samples (as in the issue), 64 MiB shards
-    .venv/bin/python bench/preprocess.py --quick    # 1,000 samples, 8 MiB shards
+Every peer runs in a fresh process (`bench/_peers.py`): seconds are its timed section, CPU is
+user+system of its whole process tree (worker processes included, reaped or not), memory is its
+own VmHWM and the peak summed RSS of its process tree (`run_tree`). Rounds run in turns. After
+each peer's first round the parent reads its output shards and digests every member (sha256 per
+`KEY.ext`); peers doing the same decode must have identical digests, or the bench fails.
+
+Data: photo-like 640x480 JPEGs (quality 85), generated once under bench/_work/preprocess/ (a few
+hundred distinct images repeated under distinct keys), packed by `seedance shards build`.
+
+    .venv/bin/python bench/preprocess.py            # 10,000 samples, 32 MiB shards, 3 rounds
+    .venv/bin/python bench/preprocess.py --quick    # 1,000 samples, 8 MiB shards, 2 rounds
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
+import math
 import os
 import shutil
+import statistics
 import sys
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
 WORK = REPO / "bench" / "_work" / "preprocess"
 SIZE = 224
+
+import _peers  # noqa: E402
+
+FULL, REDUCED = "full", "reduced"
+PEERS = {  # name -> (runner, decode)
+    "seedance, full decode": ("seedance", FULL),
+    "DataLoader(2) + WebDataset, full decode": ("dataloader", FULL),
+    "seedance, reduced decode (draft)": ("seedance", REDUCED),
+    "DataLoader(2), reduced decode (draft)": ("dataloader", REDUCED),
+}
+TRANSFORM = "transform alone (1 process, in memory)"
+TRANSFORM_IMAGES = 1000
+HEADLINE = ("seedance, full decode", "DataLoader(2) + WebDataset, full decode")
+SAME_DECODE_PEER = {"seedance, full decode": "DataLoader(2) + WebDataset, full decode",
+                    "seedance, reduced decode (draft)": "DataLoader(2), reduced decode (draft)"}
 
 
 def make_shards(samples: int, shard_mib: int, distinct: int = 300) -> Path:
@@ -89,49 +123,37 @@ class NpyShardWriter:
             self.shards += 1
 
 
-def run_seedance(shards: Path, out: Path, draft: bool = True) -> dict:
+
+
+# --------------------------------------------------------------------------- peers (child side)
+def tree_cpu_seconds() -> float:
+    """User+system seconds of this process and every descendant, reaped ones included."""
+    import psutil
+
+    me = psutil.Process()
+    total = 0.0
+    for process in [me, *me.children(recursive=True)]:
+        try:
+            t = process.cpu_times()
+        except psutil.Error:
+            continue
+        total += t.user + t.system + t.children_user + t.children_system
+    return total
+
+
+def run_seedance(shards: Path, out: Path, draft: bool) -> dict:
     from seedance_tasks.preprocess.run import run
     from seedance_tasks.preprocess.settings import PreprocessSettings
 
     result = run(str(shards), str(out), settings=PreprocessSettings(size=SIZE, draft=draft))
     return {"samples": result["samples_out"], "shares": result["stage_shares"],
-            "cpu": result["cpu_seconds"]["parent"] + result["cpu_seconds"]["workers"],
-            "pools": f"{result['io_workers']} I/O thread(s) + {result['cpu_workers']} process(es)"}
-
-
-def run_plain(shards: Path, out: Path) -> dict:
-    """One process, one loop: read tar, decode, resize+crop, convert, write; each stage timed."""
-    from seedance_tasks.preprocess.transform import to_chw
-    from seedance_tasks.shards.index import resolve_shards
-    from seedance_tasks.shards.tario import iter_members, iter_samples
-
-    writer = NpyShardWriter(out)
-    times = {"read": 0.0, "decode": 0.0, "resize": 0.0, "convert": 0.0, "write": 0.0}
-    for shard in resolve_shards(str(shards)).shards:
-        with open(shard.location.path, "rb") as stream:
-            samples = iter_samples(iter_members(stream, shard.uri), shard.uri)
-            while True:
-                t0 = time.perf_counter()
-                sample = next(samples, None)
-                times["read"] += time.perf_counter() - t0
-                if sample is None:
-                    break
-                stages = [0.0, 0.0, 0.0]
-                array = to_chw(sample.members["jpg"], SIZE, draft=False, timings=stages).tobytes()
-                times["decode"] += stages[0]
-                times["resize"] += stages[1]
-                times["convert"] += stages[2]
-                t0 = time.perf_counter()
-                writer.add(sample.key, array, sample.members["cls"])
-                times["write"] += time.perf_counter() - t0
-    writer.close()
-    total = sum(times.values())
-    return {"samples": writer.count, "shares": {k: round(v / total, 3) for k, v in times.items()},
-            "pools": "1 process", "cpu": None}
+            "pools": f"{result['io_workers']} I/O thread(s) + {result['cpu_workers']} process(es)",
+            "cpu_parts": result["cpu_seconds"], "stage_seconds": result["stage_seconds"]}
 
 
 class _Transform:
-    """The DataLoader peer's per-sample work (picklable for its worker processes)."""
+    """The DataLoader peer's per-sample work (picklable for its worker processes): seedance's own
+    `to_chw`, so both sides run the identical decode + resize + convert."""
 
     def __init__(self, draft: bool):
         self.draft = draft
@@ -139,12 +161,10 @@ class _Transform:
     def __call__(self, sample: dict) -> tuple:
         from seedance_tasks.preprocess.transform import to_chw
 
-        # draft=False is webdataset's "pil" decoding (a full decode) followed by the same
-        # resize/crop/convert; draft=True is seedance's reduced-size JPEG decode.
         return sample["__key__"], to_chw(sample["jpg"], SIZE, draft=self.draft), int(sample["cls"])
 
 
-def run_dataloader(shards: Path, out: Path, draft: bool = False) -> dict:
+def run_dataloader(shards: Path, out: Path, draft: bool) -> dict:
     import torch
     import webdataset as wds
 
@@ -161,81 +181,220 @@ def run_dataloader(shards: Path, out: Path, draft: bool = False) -> dict:
         for key, array, cls in zip(keys, arrays, classes.tolist(), strict=True):
             writer.add(key, array.tobytes(), str(cls).encode())
     writer.close()
-    return {"samples": writer.count, "shares": None, "pools": "2 worker processes", "cpu": None}
+    del loader  # joins (and reaps) the worker processes, so their CPU time is counted
+    return {"samples": writer.count, "shares": None, "pools": "2 worker processes"}
 
 
-def _cpu_seconds() -> float:
-    import resource
+def run_transform_only(shards: Path, count: int) -> dict:
+    """`to_chw` alone, one process, on the first `count` images already in memory: CPU per sample."""
+    from seedance_tasks.preprocess.transform import to_chw
+    from seedance_tasks.shards.index import resolve_shards
+    from seedance_tasks.shards.tario import iter_members, iter_samples
 
-    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+    images = []
+    for shard in resolve_shards(str(shards)).shards:
+        with open(shard.location.path, "rb") as stream:
+            for sample in iter_samples(iter_members(stream, shard.uri), shard.uri):
+                images.append(sample.members["jpg"])
+                if len(images) >= count:
+                    break
+        if len(images) >= count:
+            break
+    result: dict = {"images": len(images)}
+    for decode in (FULL, REDUCED):
+        timings = [0.0, 0.0, 0.0]
+        started = time.process_time()
+        for data in images:
+            to_chw(data, SIZE, draft=decode == REDUCED, timings=timings)
+        result[f"cpu_ms_{decode}"] = 1000 * (time.process_time() - started) / len(images)
+        result[f"stages_ms_{decode}"] = [round(1000 * t / len(images), 2) for t in timings]
+    return result
 
 
+def child(args) -> int:
+    """One peer, in this fresh process; prints its result through `_peers.report`."""
+    import torch  # noqa: F401 - every peer's libraries are imported before timing, alike
+    import webdataset  # noqa: F401
+
+    import seedance_tasks.preprocess.run  # noqa: F401
+    import seedance_tasks.preprocess.transform  # noqa: F401
+    import seedance_tasks.shards.index  # noqa: F401
+
+    shards, out = Path(args.shards), Path(args.out)
+    if args.peer == TRANSFORM:
+        started = time.perf_counter()
+        result = run_transform_only(shards, args.samples)
+        _peers.report(seconds=time.perf_counter() - started, **result)
+        return 0
+    runner, decode = PEERS[args.peer]
+    cpu_started = tree_cpu_seconds()
+    started = time.perf_counter()
+    if runner == "seedance":
+        result = run_seedance(shards, out, draft=decode == REDUCED)
+    else:
+        result = run_dataloader(shards, out, draft=decode == REDUCED)
+    seconds = time.perf_counter() - started
+    result["cpu"] = tree_cpu_seconds() - cpu_started
+    _peers.report(seconds=seconds, **result)
+    return 0
+
+
+# --------------------------------------------------------------------------- checks (parent side)
+def digest_output(directory: Path) -> tuple[str, int]:
+    """sha256 over every output member (`KEY.ext` -> sha256 of its bytes, sorted by name), and the sample count."""
+    from seedance_tasks.shards.tario import iter_members
+
+    members: dict[str, bytes] = {}
+    for tar in sorted(directory.glob("*.tar")):
+        with open(tar, "rb") as stream:
+            for name, data in iter_members(stream, str(tar)):
+                if name in members:
+                    raise SystemExit(f"error: {tar}: member {name} written twice")
+                members[name] = hashlib.sha256(data).digest()
+    total = hashlib.sha256()
+    for name in sorted(members):
+        total.update(name.encode() + b"\0" + members[name])
+    return total.hexdigest(), sum(1 for name in members if name.endswith(".npy"))
+
+
+def psnr(full_dir: Path, reduced_dir: Path) -> dict:
+    """PSNR (dB) of every reduced-decode output against the full-decode output of the same key.
+
+    Both directories are seedance outputs: the same shard names, samples in the same order."""
+    import numpy as np
+
+    from seedance_tasks.preprocess.transform import npy_header
+    from seedance_tasks.shards.tario import iter_members
+
+    skip = len(npy_header(SIZE))
+    values = []
+    for tar in sorted(full_dir.glob("*.tar")):
+        other = reduced_dir / tar.name
+        with open(tar, "rb") as a_stream, open(other, "rb") as b_stream:
+            for (name, a), (other_name, b) in zip(iter_members(a_stream, str(tar)), iter_members(b_stream, str(other)),
+                                                  strict=True):
+                if name != other_name:
+                    raise SystemExit(f"error: {tar.name}: {name} against {other_name}")
+                if not name.endswith(".npy"):
+                    continue
+                diff = np.frombuffer(a, np.uint8, offset=skip).astype(np.int16) - np.frombuffer(b, np.uint8, offset=skip)
+                mse = float(np.mean(diff.astype(np.float32) ** 2))
+                values.append(math.inf if mse == 0 else 10 * math.log10(255 ** 2 / mse))
+    return {"mean": statistics.fmean(values), "min": min(values), "samples": len(values)}
+
+
+# --------------------------------------------------------------------------- parent
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="1,000 samples, 8 MiB shards")
+    parser.add_argument("--quick", action="store_true", help="1,000 samples, 8 MiB shards, 2 rounds")
     parser.add_argument("--samples", type=int, default=None)
     parser.add_argument("--shard-size-mib", type=int, default=None)
-    parser.add_argument("--rounds", type=int, default=2,
-                        help="runs per peer, in reversed order every other round (the machine's load drifts)")
+    parser.add_argument("--rounds", type=int, default=None, help="runs per peer, in turns (default 3; --quick 2)")
     parser.add_argument("--json", action="store_true", help="also print the results as JSON")
+    parser.add_argument("--peer", help=argparse.SUPPRESS)  # child mode
+    parser.add_argument("--shards", help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    samples = args.samples or (1000 if args.quick else 20_000)
-    shard_mib = args.shard_size_mib or (8 if args.quick else 64)
+    if args.peer:
+        return child(args)
+    samples = args.samples or (1000 if args.quick else 10_000)
+    shard_mib = args.shard_size_mib or (8 if args.quick else 32)
+    count = args.rounds or (2 if args.quick else 3)
+    bench_started = time.perf_counter()
     shards = make_shards(samples, shard_mib)
-    import torch  # noqa: F401  - imported before timing, so no peer pays for it
-    import webdataset  # noqa: F401
-    for tar in shards.glob("*.tar"):  # warm page cache for every peer alike
+    for tar in shards.glob("*.tar"):  # warm the page cache for every peer alike
         tar.read_bytes()
-    peers = [
-        ("seedance pipeline", lambda o: run_seedance(shards, o)),
-        ("plain loop, 1 process", lambda o: run_plain(shards, o)),
-        ("DataLoader(2) + WebDataset", lambda o: run_dataloader(shards, o)),
-        ("  seedance, draft off", lambda o: run_seedance(shards, o, draft=False)),
-        ("  DataLoader(2), draft decode", lambda o: run_dataloader(shards, o, draft=True)),
-    ]
-    results = {}
-    runs: dict[str, list[dict]] = {name: [] for name, _ in peers}
-    for round_number in range(args.rounds):  # reversed order every other round: fair to load drift
-        order = peers if round_number % 2 == 0 else peers[::-1]
-        for name, runner in order:
-            out = WORK / "out"
-            shutil.rmtree(out, ignore_errors=True)
-            started = time.perf_counter()
-            cpu_started = _cpu_seconds()
-            result = runner(out)
-            result["seconds"] = time.perf_counter() - started
-            if result["cpu"] is None:  # this process plus its reaped children (DataLoader workers)
-                result["cpu"] = _cpu_seconds() - cpu_started
-            shutil.rmtree(out, ignore_errors=True)
-            if result["samples"] != samples:
-                print(f"{name}: wrote {result['samples']} of {samples} samples", file=sys.stderr)
-                return 1
-            runs[name].append(result)
-            print(f"  round {round_number + 1}, {name}: {samples / result['seconds']:.0f} samples/s",
-                  file=sys.stderr, flush=True)
-    results = {}
-    for name, attempts in runs.items():
-        seconds = sum(r["seconds"] for r in attempts)
-        results[name] = {**attempts[0], "seconds": seconds, "samples_per_s": samples * len(attempts) / seconds,
-                         "cpu_ms_per_sample": 1000 * sum(r["cpu"] for r in attempts) / (samples * len(attempts))}
-    loader = results["DataLoader(2) + WebDataset"]["samples_per_s"]
+    kept = {"seedance, full decode": WORK / "kept-full", "seedance, reduced decode (draft)": WORK / "kept-reduced"}
+    for directory in kept.values():
+        shutil.rmtree(directory, ignore_errors=True)
+    digests: dict[str, str] = {}
+    log = WORK / "peer.log"
+
+    def run_one(name: str) -> dict:
+        if name == TRANSFORM:
+            return _peers.measure([__file__, "--peer", name, "--shards", shards, "--out", WORK / "none",
+                                   "--samples", min(samples, TRANSFORM_IMAGES)])
+        out = WORK / "out"
+        shutil.rmtree(out, ignore_errors=True)
+        with open(log, "w") as stdout:
+            _tree_s, tree_mb = _peers.run_tree(
+                [sys.executable, __file__, "--peer", name, "--shards", str(shards), "--out", str(out),
+                 "--samples", str(samples)], stdout=stdout, stderr=stdout)
+        lines = [line for line in log.read_text().splitlines() if line.startswith(_peers.REPORT_PREFIX)]
+        if not lines:
+            raise SystemExit(f"error: peer {name} reported nothing:\n{log.read_text()[-3000:]}")
+        result = json.loads(lines[-1][len(_peers.REPORT_PREFIX):])
+        result["tree_mb"] = tree_mb
+        if result["samples"] != samples:
+            raise SystemExit(f"error: {name} wrote {result['samples']} of {samples} samples")
+        if name not in digests:  # first round of this peer: check every output byte
+            digests[name], written = digest_output(out)
+            if written != samples:
+                raise SystemExit(f"error: {name}: {written} .npy members in its output, not {samples}")
+            if name in kept:
+                out.rename(kept[name])
+        shutil.rmtree(out, ignore_errors=True)
+        return result
+
+    def progress(name: str, index: int, result: dict) -> None:
+        if name == TRANSFORM:
+            print(f"  round {index + 1}, {name}: {result['cpu_ms_full']:.2f} CPU ms/sample full decode, "
+                  f"{result['cpu_ms_reduced']:.2f} reduced", file=sys.stderr, flush=True)
+            return
+        print(f"  round {index + 1}, {name}: {samples / result['seconds']:.0f} samples/s, "
+              f"{1000 * result['cpu'] / samples:.2f} CPU ms/sample", file=sys.stderr, flush=True)
+
+    runs = _peers.rounds([*PEERS, TRANSFORM], run_one, count=count, on_result=progress)
+    transform = runs.pop(TRANSFORM)
+    for ours, theirs in SAME_DECODE_PEER.items():
+        if digests[ours] != digests[theirs]:
+            print(f"error: {ours} and {theirs} wrote different bytes ({digests[ours][:16]} vs {digests[theirs][:16]})",
+                  file=sys.stderr)
+            return 1
+    quality = psnr(*kept.values())
+    for directory in kept.values():
+        shutil.rmtree(directory, ignore_errors=True)
+
+    for attempts in runs.values():
+        for r in attempts:
+            r["samples_per_s"] = samples / r["seconds"]
+            r["cpu_ms"] = 1000 * r["cpu"] / samples
     print(f"\npreprocessing: {samples:,} 640x480 JPEGs -> uint8 (3, {SIZE}, {SIZE}) .npy shards, "
-          f"{len(list(shards.glob('*.tar')))} input shards, {os.cpu_count()} CPU(s), {args.rounds} round(s), "
-          f"load average {os.getloadavg()[0]:.1f}")
-    loader_cpu = results["DataLoader(2) + WebDataset"]["cpu_ms_per_sample"]
-    print(f"{'peer':<32}{'samples/s':>10}{'vs DataLoader':>15}{'CPU ms/sample':>15}{'vs DataLoader':>15}  "
-          f"{'pools':<34}stage shares")
-    for name, result in results.items():
-        shares = result["shares"]
-        text = ", ".join(f"{k} {v:.0%}" for k, v in shares.items()) if shares else "-"
-        print(f"{name:<32}{result['samples_per_s']:>10.0f}{result['samples_per_s'] / loader:>14.2f}x"
-              f"{result['cpu_ms_per_sample']:>15.2f}{loader_cpu / result['cpu_ms_per_sample']:>14.2f}x  "
-              f"{result['pools']:<34}{text}")
-    print("(CPU ms/sample: user+system time of every process of the peer, so it does not depend on what else "
-          "the machine runs; 'vs' = how many times less CPU than the DataLoader)")
+          f"{len(list(shards.glob('*.tar')))} input shards, {os.cpu_count()} CPU(s), {count} round(s) in turns, "
+          f"load average {os.getloadavg()[0]:.1f}, bench {time.perf_counter() - bench_started:.0f} s")
+    print(f"{'peer':<41}{'samples/s':>18}{'vs DL(2) same decode':>22}{'CPU ms/sample':>20}"
+          f"{'less CPU than DL(2)':>21}{'peak RSS MB own/tree':>22}  {'outputs (sha256)':<18}pools")
+    for name, attempts in runs.items():
+        peer = SAME_DECODE_PEER.get(name)
+        versus = _peers.ratio_spread(attempts, runs[peer]) if peer else "1.00×"
+        cpu_versus = _peers.ratio_spread(attempts, runs[peer], "cpu_ms") if peer else "1.00×"
+        rss = f"{_peers.median(attempts, 'peak_rss_mb'):.0f}/{_peers.median(attempts, 'tree_mb'):.0f}"
+        print(f"{name:<41}{_peers.spread(attempts, 'samples_per_s', '{:.0f}'):>18}{versus:>22}"
+              f"{_peers.spread(attempts, 'cpu_ms'):>20}{cpu_versus:>21}{rss:>22}  {digests[name][:16]:<18}"
+              f"{attempts[0]['pools']}")
+    ours, theirs = runs[HEADLINE[0]], runs[HEADLINE[1]]
+    print(f"headline (full decode both): seedance {_peers.ratio_spread(ours, theirs)} DataLoader(2)'s samples/s; "
+          f"CPU per sample {_peers.ratio_spread(ours, theirs, 'cpu_ms')} less")
+    reduced = runs["seedance, reduced decode (draft)"]
+    print(f"reduced decode: seedance {_peers.ratio_spread(reduced, theirs)} the full-decode DataLoader(2); "
+          f"PSNR vs full decode mean {quality['mean']:.2f} dB, min {quality['min']:.2f} dB "
+          f"over {quality['samples']:,} samples")
+    for decode, loader_name in ((FULL, HEADLINE[1]), (REDUCED, "DataLoader(2), reduced decode (draft)")):
+        ceilings = [loader["cpu_ms"] / alone[f"cpu_ms_{decode}"] for loader, alone in zip(runs[loader_name], transform,
+                                                                                          strict=True)]
+        print(f"transform alone, {decode} decode ({transform[0]['images']} images in memory, 1 process): "
+              f"{_peers.spread(transform, f'cpu_ms_{decode}')} CPU ms/sample (decode/resize/convert "
+              f"{transform[0][f'stages_ms_{decode}']} ms wall); ceiling = DL(2)'s CPU ms/sample / this = "
+              f"{statistics.median(ceilings):.2f}x ({min(ceilings):.2f}-{max(ceilings):.2f}): the most a pipeline "
+              "with zero overhead could gain on CPU-bound cores")
+    for name in ("seedance, full decode", "seedance, reduced decode (draft)"):
+        shares = runs[name][0]["shares"]
+        print(f"{name} stage shares: " + ", ".join(f"{k} {v:.0%}" for k, v in shares.items()))
+    print("outputs: every member of each peer's first-round output digested; same decode => identical "
+          "sha256 (checked). CPU: user+system of the peer's whole process tree.")
     if args.json:
-        print(json.dumps(results, indent=2, default=str))
+        print(json.dumps({"runs": runs, "transform": transform, "psnr": quality, "digests": digests}, indent=2,
+                         default=str))
     return 0
 
 

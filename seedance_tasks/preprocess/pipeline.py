@@ -13,6 +13,7 @@ slows the readers down instead of filling memory. Every sample read comes out ex
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import threading
@@ -21,6 +22,7 @@ from collections.abc import Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, field
 
+from seedance_tasks.preprocess.localtar import iter_local_members
 from seedance_tasks.shards.index import ShardRef
 from seedance_tasks.shards.tario import iter_members, iter_samples
 
@@ -92,6 +94,25 @@ def _pool_initializer(parent_pid: int) -> None:
     threading.Thread(target=watch, name="seedance-parent-watch", daemon=True).start()
 
 
+@contextlib.contextmanager
+def _open_members(shard: ShardRef) -> Iterator[Iterator[tuple[str, bytes]]]:
+    """The shard's (name, data) members: memory-mapped if it is a plain local tar
+    (`localtar`), else streamed through the checked reader `tario.iter_members`."""
+    import pyarrow.fs as pafs
+
+    members = None
+    if isinstance(shard.location.fs, pafs.LocalFileSystem):
+        members = iter_local_members(shard.location.path)
+    if members is not None:
+        try:
+            yield members
+        finally:
+            members.close()
+        return
+    with shard.location.fs.open_input_stream(shard.location.path) as stream:
+        yield iter_members(stream, shard.uri)
+
+
 class Pipeline:
     """Iterate over `shards` through the two pools; yields `Processed` and `ShardDone` items.
 
@@ -159,8 +180,8 @@ class Pipeline:
             shard = self.shards[number]
             count, busy, started = 0, 0.0, time.perf_counter()
             try:
-                with shard.location.fs.open_input_stream(shard.location.path) as stream:
-                    for sample in iter_samples(iter_members(stream, shard.uri), shard.uri):
+                with _open_members(shard) as members:
+                    for sample in iter_samples(members, shard.uri):
                         with self._lock:
                             if self.max_samples is not None and self.samples_read >= self.max_samples:
                                 break
@@ -248,6 +269,10 @@ class Pipeline:
         for slot in range(len(self._slots)):
             self._free_slots.put(slot)
         context = multiprocessing.get_context("forkserver")
+        # The fork server imports numpy and PIL once; each worker forked from it shares them
+        # instead of importing them again (about 0.1 s of CPU per worker). No effect once the
+        # process's fork server runs.
+        context.set_forkserver_preload(["__main__", "seedance_tasks.preprocess.transform"])
         self._executor = ProcessPoolExecutor(self.cpu_workers, mp_context=context, initializer=_pool_initializer,
                                              initargs=(os.getpid(),))
         work: queue.Queue = queue.Queue()

@@ -75,15 +75,20 @@ def _is_done(out, name: str, shard: ShardRef, size: int) -> bool:
 
 
 def prescan(shards: list[ShardRef]) -> int:
-    """Check every member header of the local shards among `shards` (cheap: seeks past the data).
+    """Check every member header of the local shards among `shards` (cheap: reads headers only).
+
+    A plain ustar tar is checked by `localtar.is_plain`; any other goes through `scan_headers`.
 
     Raises RefusedError/InputError on the first hostile or broken tar. S3 shards are checked as
     they stream instead (reading them twice would double the transfer).
     """
+    from seedance_tasks.preprocess.localtar import is_plain
+
     checked = 0
     for shard in shards:
         if not shard.location.is_s3:
-            scan_headers(shard.location.path, shard.uri)
+            if not is_plain(shard.location.path):  # a plain tar's headers are all fine: no second pass
+                scan_headers(shard.location.path, shard.uri)
             checked += 1
     return checked
 

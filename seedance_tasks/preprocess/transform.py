@@ -42,7 +42,9 @@ def to_chw(data: bytes, size: int, *, draft: bool = True, timings: list[float] |
     if draft and image.format in ("JPEG", "MPO"):
         scale = size / min(width, height)
         image.draft("RGB", (math.ceil(width * scale), math.ceil(height * scale)))
-    image = image.convert("RGB")  # decodes
+    image.load()  # decodes
+    if image.mode != "RGB":
+        image = image.convert("RGB")  # (convert() of an RGB image would only copy it)
     t1 = time.perf_counter()
     width, height = image.size
     side = min(width, height)
