@@ -1,12 +1,20 @@
-"""Compaction benchmark: seedance vs DuckDB COPY, polars sink_parquet and plain cp, same lake.
+"""Compaction benchmark: seedance vs polars sink_parquet, DuckDB COPY and plain cp, same lakes.
 
-Generates a Hive-partitioned lake of small (1-4 MB) Parquet files of event-log rows with
-embeddings, then compacts it with each tool in its own process (so peak RSS is the tool's own)
-and prints MB/s (input bytes / wall time) and peak RSS side by side, with ratios.
+Generates Hive-partitioned lakes of small (1-4 MB) Parquet files, event-log rows with
+embeddings and TPC-H lineitem (tpchgen-cli), then compacts each with every tool and prints
+MB/s (input bytes / wall time), peak RSS and output sizes side by side, with ratios to polars.
 
-    python bench/compaction.py            # >= 2 GB lake (the issue's size)
-    python bench/compaction.py --quick    # ~200 MB, a smoke run
-    python bench/compaction.py --dataset lineitem   # TPC-H lineitem (tpchgen-cli) instead
+Fairness (see docs/compaction.md, "Benchmark"): every peer runs in its own fresh process
+(`bench/_peers.py`) and its peak RSS is that process's VmHWM; rounds run in turns (each round
+starts one peer later) and the spread over rounds is printed; before every run the lake is read
+once (page cache warm for everyone) and the previous run's output is removed and synced (no
+write-back of someone else's bytes during a run); every tool gets the same two threads and the
+same codec (zstd level 3, polars' default) with min/max statistics on.
+
+    python bench/compaction.py                      # both data sets, 1 GB each, 3 rounds (~4 min idle)
+    python bench/compaction.py --size-gb 2.1        # the issue's 2.1 GB lakes
+    python bench/compaction.py --quick              # 0.2 GB each, 2 rounds: a smoke run
+    python bench/compaction.py --dataset lineitem   # one data set only
 """
 
 from __future__ import annotations
@@ -14,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import shutil
 import subprocess
 import sys
@@ -23,9 +30,14 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+
+import _peers  # noqa: E402
 
 WORK = REPO / "bench" / "_work" / "compaction"
 TARGET = 512 * 1024**2
+THREADS = 2  # every peer: the cores of the machine this bench was tuned on, set explicitly
+ZSTD_LEVEL = 3  # polars' default zstd level; seedance and DuckDB are set to the same
 
 
 def generate(lake: Path, total_bytes: int, partitions: int, seed: int = 11) -> dict:
@@ -86,24 +98,31 @@ def _partitions(lake: Path) -> list[Path]:
     return sorted(p for p in lake.iterdir() if p.is_dir() and not p.name.startswith(("_", ".")))
 
 
+# --------------------------------------------------------------------------- the peers (in a child)
+
+
 def run_seedance(lake: Path, out: Path) -> None:
     from seedance_tasks.compaction.run import compact_dataset
     from seedance_tasks.config import load_settings, settings_with
 
-    settings = settings_with(load_settings(), "compaction", min_age="0")
-    compact_dataset(str(out), settings)
+    settings = settings_with(load_settings(), "compaction", min_age="0", workers=THREADS,
+                             compression="zstd", compression_level=ZSTD_LEVEL)
+    report = compact_dataset(str(out), settings)
+    if report["skipped"] or report["quarantined"]:
+        raise SystemExit(f"seedance skipped or quarantined something: {report['skipped']} {report['quarantined']}")
 
 
 def run_duckdb(lake: Path, out: Path) -> None:
     import duckdb
 
     con = duckdb.connect()
-    con.execute("SET threads = 2")
+    con.execute(f"SET threads = {THREADS}")
     for part in _partitions(lake):
         target = out / part.name
         con.execute(
             f"COPY (SELECT * FROM read_parquet('{part}/*.parquet')) TO '{target}' "
-            f"(FORMAT parquet, COMPRESSION zstd, FILE_SIZE_BYTES {TARGET}, PER_THREAD_OUTPUT false)"
+            f"(FORMAT parquet, COMPRESSION zstd, COMPRESSION_LEVEL {ZSTD_LEVEL}, FILE_SIZE_BYTES {TARGET}, "
+            f"PER_THREAD_OUTPUT false)"
         )
 
 
@@ -112,14 +131,13 @@ def run_polars(lake: Path, out: Path) -> None:
 
     for part in _partitions(lake):
         (out / part.name).mkdir(parents=True, exist_ok=True)
-        pl.scan_parquet(str(part / "*.parquet")).sink_parquet(str(out / part.name / "part-0.parquet"), compression="zstd")
+        pl.scan_parquet(str(part / "*.parquet")).sink_parquet(
+            str(out / part.name / "part-0.parquet"), compression="zstd", compression_level=ZSTD_LEVEL,
+            statistics=True,
+        )
 
 
-def run_cp(lake: Path, out: Path) -> None:
-    subprocess.run(["cp", "-r", str(lake), str(out)], check=True)
-
-
-PEERS = {"seedance": run_seedance, "duckdb": run_duckdb, "polars": run_polars, "cp": run_cp}
+PEERS = {"seedance": run_seedance, "duckdb": run_duckdb, "polars": run_polars}
 
 
 def prepare_seedance(lake: Path, out: Path) -> None:
@@ -137,27 +155,128 @@ PREPARE = {
 
 
 def peer_main(name: str, lake: Path, out: Path) -> None:
-    if name in PREPARE:
-        PREPARE[name](lake, out)
+    PREPARE[name](lake, out)
     started = time.perf_counter()
+    cpu = _cpu_s()
     PEERS[name](lake, out)
-    seconds = time.perf_counter() - started
-    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    print(json.dumps({"seconds": seconds, "peak_rss_mb": max(own, children) / 1024}))
+    _peers.report(time.perf_counter() - started, cpu_s=_cpu_s() - cpu)
 
 
-def _output_files(out: Path) -> list[int]:
-    return [p.stat().st_size for p in out.rglob("*") if p.is_file() and "_seedance" not in p.parts
+def _cpu_s() -> float:
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+# --------------------------------------------------------------------------- the parent
+
+
+def _peer_env() -> dict:
+    """The same thread budget for every tool (pyarrow's pools, polars, BLAS-style pools)."""
+    env = dict(os.environ)
+    env.update(POLARS_MAX_THREADS=str(THREADS), OMP_NUM_THREADS=str(THREADS), ARROW_NUM_THREADS=str(THREADS))
+    return env
+
+
+def _warm(lake: Path) -> None:
+    """Read every input once so each run starts with the lake in the page cache."""
+    subprocess.run(["cat", *map(str, sorted(lake.rglob("*.parquet")))], stdout=subprocess.DEVNULL, check=True)
+
+
+def _outputs(out: Path) -> list[Path]:
+    return [p for p in out.rglob("*") if p.is_file() and "_seedance" not in p.relative_to(out).parts
             and not p.name.startswith((".", "_"))]
+
+
+def _output_facts(out: Path) -> dict:
+    """Files, bytes, rows and the write settings found in the outputs (codec, statistics, row groups)."""
+    import pyarrow.parquet as pq
+
+    files = _outputs(out)
+    rows = row_groups = 0
+    codecs, stats = set(), set()
+    for path in files:
+        meta = pq.read_metadata(path)
+        rows += meta.num_rows
+        row_groups += meta.num_row_groups
+        if meta.num_row_groups:
+            column = meta.row_group(0).column(0)
+            codecs.add(column.compression.lower())
+            stats.add("min/max" if column.is_stats_set and column.statistics.has_min_max else "none")
+    return {"files": len(files), "out_bytes": sum(p.stat().st_size for p in files), "rows": rows,
+            "row_groups": row_groups, "codec": ",".join(sorted(codecs)), "stats": ",".join(sorted(stats))}
+
+
+def _run_one(name: str, lake: Path, expected_rows: int) -> dict:
+    out = WORK / f"out-{name}"
+    shutil.rmtree(out, ignore_errors=True)
+    if name != "seedance":
+        out.mkdir(parents=True)
+    _warm(lake)
+    os.sync()  # nothing of an earlier run's output left to write back during this one
+    argv = [__file__, "--run-peer", name, "--lake", str(lake), "--out", str(out)]
+    if name == "cp":
+        seconds, peak = _peers.run_tree(["cp", "-r", str(lake), str(out / lake.name)], env=_peer_env())
+        result = {"seconds": seconds, "peak_rss_mb": peak, "cpu_s": float("nan")}
+    else:
+        result = _peers.measure(argv, env=_peer_env(), timeout=1800)
+    result.update(_output_facts(out))
+    if name != "cp" and result["rows"] != expected_rows:
+        raise SystemExit(f"{name} wrote {result['rows']} rows, the lake holds {expected_rows}")
+    shutil.rmtree(out, ignore_errors=True)
+    os.sync()
+    return result
+
+
+def _lake(dataset: str, size: float) -> tuple[Path, dict]:
+    lake = WORK / f"{dataset}-{size:g}gb"
+    if not (lake / "_generated.json").exists():
+        shutil.rmtree(lake, ignore_errors=True)
+        print(f"generating a {size:g} GB {dataset} lake of small files in {lake} ...", flush=True)
+        make = generate if dataset == "events" else generate_lineitem
+        info = make(lake, int(size * 1e9), partitions=8)
+        (lake / "_generated.json").write_text(json.dumps(info))
+        os.sync()  # the fresh lake's write-back must not land in the first timed run
+    return lake, json.loads((lake / "_generated.json").read_text())
+
+
+def bench_dataset(dataset: str, size: float, names: list[str], count: int) -> None:
+    lake, info = _lake(dataset, size)
+    print(f"\n== {dataset}: {info['files']:,} files, {info['bytes'] / 1e9:.2f} GB, {info['rows']:,} rows, "
+          f"{info['partitions']} partitions; target 512 MiB; {THREADS} threads each on {os.cpu_count()} cores; "
+          f"zstd level {ZSTD_LEVEL}; {count} rounds in turns", flush=True)
+    results = _peers.rounds(
+        names, lambda name: _run_one(name, lake, info["rows"]), count=count,
+        on_result=lambda name, index, r: print(f"  round {index + 1} {name:<9} {r['seconds']:6.2f} s "
+                                               f"cpu {r['cpu_s']:6.2f} s {r['peak_rss_mb']:5.0f} MB", flush=True),
+    )
+    for runs in results.values():
+        for r in runs:
+            r["mb_s"] = info["bytes"] / 1e6 / r["seconds"]
+    print(f"\n{'tool':<9} {'seconds':>18} {'cpu s':>18} {'MB/s':>8} {'peak RSS MB':>18} {'files':>5} {'out MB':>7} "
+          f"{'row grp':>7} {'codec':>6} {'stats':>7}  vs polars: wall (polars s / tool s), cpu (polars cpu s / tool cpu s)")
+    base = results.get("polars")
+    for name, runs in results.items():
+        last = runs[-1]
+        ratio = "-"
+        if base and name != "polars":
+            ratio = f"wall {_peers.ratio_spread(runs, base)}"
+            if name != "cp":
+                ratio += f", cpu {_peers.ratio_spread(runs, base, 'cpu_s')}"
+        cpu = _peers.spread(runs, "cpu_s") if name != "cp" else "-"
+        print(f"{name:<9} {_peers.spread(runs):>18} {cpu:>18} {_peers.median(runs, 'mb_s'):>8.0f} "
+              f"{_peers.spread(runs, 'peak_rss_mb', '{:.0f}'):>18} {last['files']:>5} {last['out_bytes'] / 1e6:>7.0f} "
+              f"{last['row_groups']:>7} {last['codec']:>6} {last['stats']:>7}  {ratio}")
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="~200 MB lake instead of 2 GB")
+    parser.add_argument("--quick", action="store_true", help="0.2 GB lakes and 2 rounds instead of 1 GB and 3")
     parser.add_argument("--size-gb", type=float, default=None)
+    parser.add_argument("--rounds", type=int, default=None)
     parser.add_argument("--peers", default="seedance,polars,duckdb,cp")
-    parser.add_argument("--dataset", choices=["events", "lineitem"], default="events",
+    parser.add_argument("--dataset", choices=["events", "lineitem", "both"], default="both",
                         help="events: event logs with embeddings; lineitem: TPC-H lineitem via tpchgen-cli")
     parser.add_argument("--run-peer", help=argparse.SUPPRESS)
     parser.add_argument("--lake", type=Path, help=argparse.SUPPRESS)
@@ -166,47 +285,11 @@ def main() -> int:
     if args.run_peer:
         peer_main(args.run_peer, args.lake, args.out)
         return 0
-
-    size = args.size_gb or (0.2 if args.quick else 2.1)
-    lake = WORK / f"{args.dataset}-{size:g}gb"
-    if not (lake / "_generated.json").exists():
-        shutil.rmtree(lake, ignore_errors=True)
-        print(f"generating a {size:g} GB {args.dataset} lake of small files in {lake} ...", flush=True)
-        make = generate if args.dataset == "events" else generate_lineitem
-        info = make(lake, int(size * 1e9), partitions=8)
-        (lake / "_generated.json").write_text(json.dumps(info))
-    info = json.loads((lake / "_generated.json").read_text())
-    print(f"lake ({args.dataset}): {info['files']:,} files, {info['bytes'] / 1e9:.2f} GB, {info['rows']:,} rows, "
-          f"{info['partitions']} partitions; target file size 512 MiB; {os.cpu_count()} cores", flush=True)
-    subprocess.run(["cat", *map(str, lake.rglob("*.parquet"))], stdout=subprocess.DEVNULL, check=True)  # warm cache
-
-    results = {}
-    for name in args.peers.split(","):
-        out = WORK / f"out-{name}"
-        shutil.rmtree(out, ignore_errors=True)
-        if name != "seedance":
-            out.mkdir(parents=True)
-        proc = subprocess.run(
-            [sys.executable, __file__, "--run-peer", name, "--lake", str(lake), "--out", str(out)],
-            capture_output=True, text=True,
-        )
-        if proc.returncode != 0:
-            print(f"{name} failed:\n{proc.stderr[-2000:]}")
-            continue
-        result = json.loads(proc.stdout.strip().splitlines()[-1])
-        sizes = _output_files(out)
-        result.update(mb_s=info["bytes"] / 1e6 / result["seconds"], files=len(sizes),
-                      mean_file_mb=(sum(sizes) / len(sizes) / 1e6) if sizes else 0)
-        results[name] = result
-        shutil.rmtree(out, ignore_errors=True)
-
-    print()
-    print(f"{'tool':<10} {'seconds':>8} {'MB/s':>8} {'peak RSS MB':>12} {'files':>6} {'mean MB':>8}  vs seedance")
-    base = results.get("seedance", {}).get("mb_s")
-    for name, r in results.items():
-        ratio = f"{base / r['mb_s']:.2f}x" if base else "-"
-        print(f"{name:<10} {r['seconds']:>8.1f} {r['mb_s']:>8.0f} {r['peak_rss_mb']:>12.0f} {r['files']:>6} "
-              f"{r['mean_file_mb']:>8.0f}  seedance is {ratio} its speed")
+    size = args.size_gb or (0.2 if args.quick else 1.0)
+    count = args.rounds or (2 if args.quick else 3)
+    names = args.peers.split(",")
+    for dataset in (["events", "lineitem"] if args.dataset == "both" else [args.dataset]):
+        bench_dataset(dataset, size, names, count)
     return 0
 
 
