@@ -1,23 +1,23 @@
 """Cost recovery: seedance's monthly allocation vs DuckDB's, and the whole `seedance cost recover`.
 
-Generates one month of FOCUS billing (Parquet; 5 million rows by default; JSON tags with key
-variants such as `owner`, `Owner`, ` owner`, `TEAM `; 40 owners; two currencies; CMDB rules for
-untagged lines), then runs, each in its own process so peak memory is its own:
+Generates one month of FOCUS billing (Parquet; JSON tags with key variants such as `owner`,
+`Owner`, ` owner`, `TEAM `; 40 owners; two currencies; CMDB rules for untagged lines), each size
+in its own generator process before any peer runs, then runs every peer in a fresh process of its
+own (bench/_peers.py: own peak RSS, VmHWM; rounds in turns, median and spread):
 
   1. seedance in process: parse + attribute (tags, then CMDB rules) + aggregate by owner and currency
   2. DuckDB: the same attribution in one SQL query
   3. `seedance cost recover` end to end (ingest, allocate, rules, statements, report, publish)
 
-and prints time and peak RSS side by side, with ratios, and checks the totals agree to the digit.
-The two in-process peers run 3 times each in their process: best and first run are shown (the
-ratio uses the best). `--quick` runs 200,000 rows.
+3 rounds at 5,000,000 rows, then 1 round at each scale size (20M, 50M by default) to show how time
+and peak memory grow; owner totals must agree to the last digit in every run. `--quick`: 200,000
+rows and a 1,000,000-row scale step.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import time
@@ -119,53 +119,51 @@ SELECT currency, owner, sum(cost)::DECIMAL(38, 10) AS cost FROM owned GROUP BY A
 # list_filter + ->> on this data, same result); valid here because no generated value holds a quote.
 
 
-REPEAT = 3  # both in-process peers: best of 3 runs in one process (the first pays for warm-up)
-
-
 def run_seedance(data: Path, owners: Path) -> dict:
+    import seedance_tasks.parallel  # noqa: F401  (imported before the clock starts, as duckdb is)
     from seedance_tasks.cost.allocate import allocate_month
     from seedance_tasks.cost.owners import load_owners
 
-    times = []
-    for _ in range(REPEAT):
-        started = time.perf_counter()
-        totals = allocate_month(str(data), load_owners(str(owners)), MONTH, batch_rows=_batch_rows())
-        times.append(time.perf_counter() - started)
+    started = time.perf_counter()
+    totals = allocate_month(str(data), load_owners(str(owners)), MONTH, batch_rows=_batch_rows())
+    seconds = time.perf_counter() - started
     result = {f"{c}|{o or ''}": str(v[0].normalize()) for (c, o), v in totals.by_owner.items()}
-    return {"seconds": min(times), "first": times[0], "result": result, "lines": totals.lines}
+    return {"seconds": seconds, "result": result, "lines": totals.lines}
 
 
 def run_duckdb(data: Path, owners: Path) -> dict:
     import duckdb
 
-    times = []
-    for _ in range(REPEAT):
-        started = time.perf_counter()
-        rows = duckdb.connect().execute(DUCKDB_SQL, {"path": str(data)}).fetchall()
-        times.append(time.perf_counter() - started)
-    return {"seconds": min(times), "first": times[0],
-            "result": {f"{c}|{o or ''}": str(v.normalize()) for c, o, v in rows}}
+    started = time.perf_counter()
+    rows = duckdb.connect().execute(DUCKDB_SQL, {"path": str(data)}).fetchall()
+    seconds = time.perf_counter() - started
+    return {"seconds": seconds, "result": {f"{c}|{o or ''}": str(v.normalize()) for c, o, v in rows}}
 
 
 def run_cli(data: Path, owners: Path) -> dict:
+    """`seedance cost recover` as a program: its wall time and the peak RSS of its process tree."""
     import shutil
+
+    from _peers import run_tree
 
     out = WORK / "out"
     shutil.rmtree(out, ignore_errors=True)
-    started = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "seedance_tasks.cli", "cost", "recover", "--month", MONTH,
-                           "--billing", str(data), "--owners", str(owners), "--out", str(out), "--json"],
-                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    if done.returncode:
-        raise SystemExit(f"seedance cost recover failed ({done.returncode}): {done.stderr[-2000:]}")
-    seconds = time.perf_counter() - started
+    errors = WORK / "cli.stderr"
+    with errors.open("w") as sink:
+        try:
+            seconds, peak_mb = run_tree([sys.executable, "-m", "seedance_tasks.cli", "cost", "recover", "--month",
+                                         MONTH, "--billing", str(data), "--owners", str(owners), "--out", str(out),
+                                         "--json"], stdout=subprocess.DEVNULL, stderr=sink, cwd=REPO)
+        except subprocess.CalledProcessError as exc:
+            raise SystemExit(f"seedance cost recover failed ({exc.returncode}): {errors.read_text()[-2000:]}") from None
     summary = json.loads((out / f"month={MONTH}" / "summary.json").read_text())
     result = {}
     for currency, entry in summary["currencies"].items():
         for owner, amount in entry["by_owner"].items():
             result[f"{currency}|{owner}"] = amount
         result[f"{currency}|"] = entry["unallocated"]
-    return {"seconds": seconds, "result": result}
+    shutil.rmtree(out, ignore_errors=True)
+    return {"seconds": seconds, "result": result, "peak_rss_mb": peak_mb}
 
 
 def _batch_rows() -> int:
@@ -175,72 +173,96 @@ def _batch_rows() -> int:
 
 
 RUNNERS = {"seedance": run_seedance, "duckdb": run_duckdb, "cli": run_cli}
+PEERS = ("duckdb", "seedance", "cli")
 
 
-def measure(name: str, data: Path, owners: Path) -> dict:
-    """Run one peer in a child process; its time, result and peak RSS (its own, and its children's)."""
-    child = subprocess.Popen([sys.executable, __file__, "--run", name, "--data", str(data), "--owners", str(owners)],
-                             stdout=subprocess.PIPE, cwd=REPO)
-    output = child.stdout.read()
-    _, status, usage = os.wait4(child.pid, 0)
-    child.returncode = os.waitstatus_to_exitcode(status)
-    if child.returncode:
-        raise SystemExit(f"{name} failed ({child.returncode})")
-    result = json.loads(output.decode().strip().splitlines()[-1])
-    result["rss_gb"] = max(usage.ru_maxrss * 1024, result.pop("child_rss", 0)) / 1e9
-    return result
+def _data(rows: int) -> Path:
+    """The month of `rows` lines, generated in a process of its own (once; kept under bench/_work)."""
+    path = WORK / f"focus-{MONTH}-{rows}.parquet"
+    if not path.exists():
+        print(f"generating {rows:,} FOCUS rows -> {path} ...", flush=True)
+        started = time.perf_counter()
+        subprocess.run([sys.executable, __file__, "--generate", str(rows), "--data", str(path)], check=True, cwd=REPO)
+        print(f"  {time.perf_counter() - started:.1f} s, {path.stat().st_size / 1e6:.0f} MB", flush=True)
+    return path
+
+
+def _size(text: str) -> int:
+    text = text.strip().upper().replace("_", "")
+    scale = {"K": 10**3, "M": 10**6}.get(text[-1:], 1)
+    return int(float(text[:-1]) * scale) if scale > 1 else int(text)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", type=int, default=5_000_000)
-    parser.add_argument("--quick", action="store_true", help="200,000 rows")
+    parser.add_argument("--rows", type=_size, default=5_000_000, help="rows of the main comparison (5M)")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds in turns at --rows (3)")
+    parser.add_argument("--scale", default="20M,50M", help="sizes run once each for the growth table ('' for none)")
+    parser.add_argument("--quick", action="store_true", help="200,000 rows, scale 1M")
     parser.add_argument("--run", choices=sorted(RUNNERS), help=argparse.SUPPRESS)
+    parser.add_argument("--generate", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--data", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--owners", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.run:
-        import resource
+    sys.path.insert(0, str(REPO / "bench"))
+    from _peers import measure, ratio_spread, report, rounds, spread
 
+    if args.generate:  # written aside, then renamed: a half-written file is never taken for data
+        partial = args.data.with_name(args.data.name + ".partial")
+        generate(partial, args.generate)
+        partial.replace(args.data)
+        return 0
+    if args.run:
         result = RUNNERS[args.run](args.data, args.owners)
-        result["child_rss"] = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
-        print(json.dumps(result))
+        report(**result)
         return 0
 
     rows = 200_000 if args.quick else args.rows
+    scale = [1_000_000] if args.quick else [_size(item) for item in args.scale.split(",") if item.strip()]
     WORK.mkdir(parents=True, exist_ok=True)
-    data = WORK / f"focus-{MONTH}-{rows}.parquet"
     owners = WORK / "owners.yaml"
     owners.write_text(OWNERS_YAML)
-    if not data.exists():
-        print(f"generating {rows:,} FOCUS rows -> {data} ...", flush=True)
-        started = time.perf_counter()
-        generate(data, rows)
-        print(f"  {time.perf_counter() - started:.1f} s, {data.stat().st_size / 1e6:.0f} MB", flush=True)
-    small = WORK / f"focus-{MONTH}-{rows // 5}.parquet"
-    if not small.exists():
-        generate(small, rows // 5)
-    results = {name: measure(name, data, owners) for name in ("duckdb", "seedance", "cli")}
-    duck, ours, cli = results["duckdb"], results["seedance"], results["cli"]
-    fifth = measure("seedance", small, owners)
-    same = duck["result"] == ours["result"] == cli["result"]
-    print(f"\ncost allocation of {rows:,} FOCUS rows ({MONTH}, 40 owners + 2 CMDB owners, USD + EUR)")
-    print(f"{'':38}{'best of 3':>10}{'1st run':>10}{'peak RSS':>11}{'vs DuckDB':>11}")
-    print(f"{'DuckDB, one SQL query':38}{duck['seconds']:>9.2f}s{duck['first']:>9.2f}s{duck['rss_gb']:>9.2f}GB"
-          f"{'1.00x':>11}")
-    print(f"{'seedance allocation, in process':38}{ours['seconds']:>9.2f}s{ours['first']:>9.2f}s"
-          f"{ours['rss_gb']:>9.2f}GB{ours['seconds'] / duck['seconds']:>10.2f}x")
-    print(f"{'seedance cost recover, end to end':38}{'':>10}{cli['seconds']:>9.2f}s{cli['rss_gb']:>9.2f}GB"
-          f"{cli['seconds'] / duck['seconds']:>10.2f}x")
-    print(f"owner totals identical across the three (to the last digit): {'yes' if same else 'NO'}")
-    print(f"memory bound by batch, not rows: seedance in process peaks at {fifth['rss_gb']:.2f} GB for "
-          f"{rows // 5:,} rows and {ours['rss_gb']:.2f} GB for {rows:,} ({fifth['seconds']:.2f} s -> "
-          f"{ours['seconds']:.2f} s); batches of {_batch_rows():,} rows")
+    paths = {size: _data(size) for size in [rows, *scale]}  # all generated before any peer runs
+
+    def run(size: int):
+        return lambda name: measure([__file__, "--run", name, "--data", paths[size], "--owners", owners], cwd=REPO)
+
+    def show(name, index, result):
+        print(f"  round {index + 1} {name:9} {result['seconds']:7.2f} s {result['peak_rss_mb']:8.0f} MB", flush=True)
+
+    print(f"{args.rounds} rounds in turns at {rows:,} rows:", flush=True)
+    main_runs = rounds(PEERS, run(rows), args.rounds, on_result=show)
+    grown = {rows: {name: sorted(runs, key=lambda r: r["seconds"])[len(runs) // 2] for name, runs in main_runs.items()}}
+    same = all(r["result"] == main_runs["duckdb"][0]["result"] for runs in main_runs.values() for r in runs)
+    for size in scale:
+        print(f"1 round at {size:,} rows:", flush=True)
+        runs = rounds(PEERS, run(size), 1, on_result=show)
+        grown[size] = {name: found[0] for name, found in runs.items()}
+        same = same and all(found[0]["result"] == runs["duckdb"][0]["result"] for found in runs.values())
+
+    duck, ours, cli = (main_runs[name] for name in PEERS)
+    print(f"\ncost allocation of {rows:,} FOCUS rows ({MONTH}, 40 owners + 2 CMDB owners, USD + EUR), "
+          f"{args.rounds} rounds in turns, each peer a fresh process: median (min-max)")
+    print(f"{'':36}{'seconds':>22}{'peak RSS MB':>22}{'DuckDB/peer':>22}")
+    print(f"{'DuckDB, one SQL query':36}{spread(duck):>22}{spread(duck, 'peak_rss_mb', '{:.0f}'):>22}{'1.00x':>22}")
+    print(f"{'seedance allocation, in process':36}{spread(ours):>22}{spread(ours, 'peak_rss_mb', '{:.0f}'):>22}"
+          f"{ratio_spread(ours, duck):>22}")
+    print(f"{'seedance cost recover, end to end':36}{spread(cli):>22}{spread(cli, 'peak_rss_mb', '{:.0f}'):>22}"
+          f"{ratio_spread(cli, duck):>22}")
+    print("(DuckDB/peer > 1: the peer is faster than DuckDB)")
+    print(f"\ngrowth (median run at {rows:,}, one run above; batches of {_batch_rows():,} rows):")
+    print(f"{'rows':>12}{'seedance s':>12}{'RSS MB':>9}{'DuckDB s':>10}{'RSS MB':>9}{'recover s':>11}{'RSS MB':>9}")
+    for size, found in sorted(grown.items()):
+        print(f"{size:>12,}{found['seedance']['seconds']:>12.2f}{found['seedance']['peak_rss_mb']:>9.0f}"
+              f"{found['duckdb']['seconds']:>10.2f}{found['duckdb']['peak_rss_mb']:>9.0f}"
+              f"{found['cli']['seconds']:>11.2f}{found['cli']['peak_rss_mb']:>9.0f}")
+    print(f"owner totals identical across the three in every run (to the last digit): {'yes' if same else 'NO'}")
     if not same:
-        for key in sorted(set(duck["result"]) | set(ours["result"])):
-            if duck["result"].get(key) != ours["result"].get(key) or ours["result"].get(key) != cli["result"].get(key):
-                print(f"  {key}: duckdb {duck['result'].get(key)} seedance {ours['result'].get(key)} "
-                      f"cli {cli['result'].get(key)}")
+        for key in sorted(set(duck[0]["result"]) | set(ours[0]["result"])):
+            if duck[0]["result"].get(key) != ours[0]["result"].get(key) or (
+                    ours[0]["result"].get(key) != cli[0]["result"].get(key)):
+                print(f"  {key}: duckdb {duck[0]['result'].get(key)} seedance {ours[0]['result'].get(key)} "
+                      f"cli {cli[0]['result'].get(key)}")
     return 0 if same else 1
 
 

@@ -369,12 +369,22 @@ class Totals:
                       else pc.dictionary_encode(column).dictionary).to_pylist() + [None]
             keys = keys * len(values) + index
             labels.append(values)
-        grouped = pa.table({"key": keys, "cost": batch.column("x_Cost"), "billed": batch.column("BilledCost"),
-                            "effective": batch.column("EffectiveCost")}).group_by("key", use_threads=False).aggregate(
-            [("cost", "sum"), ("billed", "sum"), ("effective", "sum")])
+        # a column that is all null (not read) or the very cost column again (the basis) is not summed twice
+        cost = batch.column("x_Cost")
+        sums = {"cost": cost}
+        for name, column in (("billed", batch.column("BilledCost")), ("effective", batch.column("EffectiveCost"))):
+            if column.null_count < len(column) and not _same(column, cost):
+                sums[name] = column
+        grouped = pa.table({"key": keys, **sums}).group_by("key", use_threads=False).aggregate(
+            [(name, "sum") for name in sums])
+        length = grouped.num_rows
+        results = {name: grouped.column(f"{name}_sum").to_pylist() if name in sums else
+                   grouped.column("cost_sum").to_pylist() if _same(column, cost) else [None] * length
+                   for name, column in (("cost", cost), ("billed", batch.column("BilledCost")),
+                                        ("effective", batch.column("EffectiveCost")))}
         services, owners = len(labels[2]), len(labels[1])
-        for key, cost, billed, effective in zip(*(grouped.column(name).to_pylist() for name in (
-                "key", "cost_sum", "billed_sum", "effective_sum")), strict=True):
+        for key, cost, billed, effective in zip(grouped.column("key").to_pylist(), results["cost"], results["billed"],
+                                                results["effective"], strict=True):
             currency, owner = labels[0][key // (owners * services)], labels[1][key // services % owners]
             service = labels[2][key % services]
             cost, billed, effective = cost or ZERO, billed or ZERO, effective or ZERO  # unread column: null
@@ -430,6 +440,16 @@ class Totals:
         totals.lines, totals.conflicts = data["lines"], data["conflicts"]
         totals.conflict_sample, totals.estimated = data["conflict_sample"], data["estimated"]
         return totals
+
+
+def _same(a: pa.Array, b: pa.Array) -> bool:
+    """True if `a` and `b` are views of the same values (same buffers, offset and length)."""
+    if a is b:
+        return True
+    if a.type != b.type or len(a) != len(b) or a.offset != b.offset:
+        return False
+    return [buf.address if buf else None for buf in a.buffers()] == [buf.address if buf else None
+                                                                      for buf in b.buffers()]
 
 
 def in_month(batch: pa.RecordBatch, start: datetime, end: datetime) -> pa.RecordBatch:

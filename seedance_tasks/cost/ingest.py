@@ -15,7 +15,6 @@ import json
 import posixpath
 from collections.abc import Iterator
 from datetime import UTC, datetime
-from decimal import Decimal, localcontext
 from typing import Any
 
 import numpy as np
@@ -24,7 +23,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from seedance_tasks import storage
-from seedance_tasks.cost.money import CONTEXT, LIMIT, MAX_DIGITS, MONEY, float_amount, parse_amount
+from seedance_tasks.cost.money import LIMIT, MAX_DIGITS, MONEY, float_amount, parse_amount
 from seedance_tasks.errors import InputError, UsageError
 
 TS = pa.timestamp("us", tz="UTC")
@@ -147,6 +146,10 @@ def _money(values: pa.Array) -> tuple[pa.Array, dict[int, str]]:
         money = pc.cast(values, MONEY)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
         return _parse_each(values, parse, MONEY)
+    bounds = pc.min_max(money)  # one pass: the usual batch is all in range
+    low, high = bounds["min"].as_py(), bounds["max"].as_py()
+    if low is None or (-LIMIT < low and high < LIMIT):
+        return money, {}
     too_big = pc.greater_equal(pc.abs(money), pa.scalar(LIMIT, MONEY))
     if not pc.any(too_big).as_py():
         return money, {}
@@ -200,6 +203,10 @@ def _timestamps(values: pa.Array) -> tuple[pa.Array, dict[int, str]]:
     Instants outside years 1..9999 (UTC) are bad too: Python cannot represent them.
     """
     stamps, bad = _timestamps_unchecked(values)
+    bounds = pc.min_max(stamps)  # one pass: the usual batch is all in range
+    if bounds["min"].is_valid and pc.greater_equal(bounds["min"], _FIRST).as_py() and pc.less_equal(
+            bounds["max"], _LAST).as_py():
+        return stamps, bad
     outside = pc.invert(pc.fill_null(pc.and_(pc.greater_equal(stamps, _FIRST), pc.less_equal(stamps, _LAST)), True))
     if not pc.any(outside).as_py():
         return stamps, bad
@@ -465,7 +472,9 @@ def _parquet_batches(fs, path: str, source: str, batch_rows: int, columns: list[
         if not wanted:
             return
         dictionary = [name for name in ("BillingCurrency", *DICT_COLUMNS) if name in wanted]
-        parquet = pq.ParquetFile(handle, read_dictionary=dictionary, pre_buffer=True)
+        # no pre_buffer: it would hold every row group's compressed chunks at once (memory growing
+        # with the file: +390 MB at 50M lines); read one column chunk at a time, it is faster too
+        parquet = pq.ParquetFile(handle, read_dictionary=dictionary, pre_buffer=False)
         for batch in parquet.iter_batches(batch_size=batch_rows, columns=wanted, use_threads=True):
             yield {name: batch.column(name) for name in wanted}
     finally:
@@ -512,117 +521,13 @@ def _has_columns(fs, path: str, source: str, base: set[str], raw) -> bool:
 
 # --------------------------------------------------------------------------- AWS CUR 2.0
 
-CUR_COLUMNS = [
-    "line_item_usage_start_date", "line_item_usage_end_date", "line_item_currency_code",
-    "line_item_unblended_cost", "line_item_line_item_type", "line_item_usage_account_id",
-    "bill_payer_account_id", "line_item_resource_id", "line_item_product_code", "product_servicecode",
-    "savings_plan_savings_plan_effective_cost", "savings_plan_total_commitment_to_date",
-    "savings_plan_used_commitment", "reservation_effective_cost",
-    "reservation_unused_amortized_upfront_fee_for_billing_period", "reservation_unused_recurring_fee",
-    "reservation_reservation_a_r_n", "resource_tags",
-]
-_CUR_CATEGORY = {
-    "Usage": "Usage", "DiscountedUsage": "Usage", "SavingsPlanCoveredUsage": "Usage",
-    "SavingsPlanNegation": "Usage", "SavingsPlanRecurringFee": "Purchase", "SavingsPlanUpfrontFee": "Purchase",
-    "RIFee": "Purchase", "Fee": "Purchase", "Tax": "Tax", "Credit": "Credit", "Refund": "Credit",
-    "BundledDiscount": "Credit", "EdpDiscount": "Credit", "PrivateRateDiscount": "Credit",
-}
 
+def read_cur(uri: str, *, batch_rows: int = 500_000, carry: list[str] | tuple[str, ...] = ()
+             ) -> Iterator[tuple[pa.RecordBatch, Rejected]]:
+    """AWS CUR 2.0 Parquet lines as FOCUS lines: see `cur_focus.read_cur` (the column mapping lives there)."""
+    from seedance_tasks.cost.cur_focus import read_cur as read
 
-def _dec(value: Any) -> Decimal:
-    """A CUR amount as the Decimal it was meant to be (a double: its shortest repr); ValueError if none."""
-    if value is None:
-        return Decimal(0)
-    return float_amount(value) if isinstance(value, float) else parse_amount(str(value))
-
-
-def cur_amortized(line: dict[str, Any]) -> Decimal | None:
-    """The amortized (effective) cost of one CUR 2.0 line, per AWS's CUR rules; None if unblended is missing.
-
-    SavingsPlanCoveredUsage -> the plan's effective cost; SavingsPlanRecurringFee -> the unused
-    commitment (total commitment to date - used); SavingsPlanNegation and SavingsPlanUpfrontFee
-    -> 0 (the covered usage carries it); DiscountedUsage -> the reservation's effective cost;
-    RIFee -> unused amortized upfront + unused recurring fee; a reservation's upfront Fee -> 0;
-    anything else -> unblended cost. ValueError (saying which value) for an amount that is not one.
-    """
-    kind = line.get("line_item_line_item_type")
-    if kind == "SavingsPlanCoveredUsage":
-        return _dec(line.get("savings_plan_savings_plan_effective_cost"))
-    if kind == "SavingsPlanRecurringFee":
-        return _dec(line.get("savings_plan_total_commitment_to_date")) - _dec(line.get("savings_plan_used_commitment"))
-    if kind in ("SavingsPlanNegation", "SavingsPlanUpfrontFee"):
-        return Decimal(0)
-    if kind == "DiscountedUsage":
-        return _dec(line.get("reservation_effective_cost"))
-    if kind == "RIFee":
-        return _dec(line.get("reservation_unused_amortized_upfront_fee_for_billing_period")) + _dec(
-            line.get("reservation_unused_recurring_fee")
-        )
-    if kind == "Fee" and line.get("reservation_reservation_a_r_n"):
-        return Decimal(0)
-    unblended = line.get("line_item_unblended_cost")
-    return None if unblended is None else _dec(unblended)
-
-
-def _cur_tags(value: Any) -> str | None:
-    if not value:
-        return None
-    pairs = value.items() if isinstance(value, dict) else value
-    tags = {(key[5:] if key.startswith("user_") else key): item for key, item in pairs if item is not None}
-    return json.dumps(tags, sort_keys=True) if tags else None
-
-
-def read_cur(uri: str, *, batch_rows: int = 500_000) -> Iterator[tuple[pa.RecordBatch, Rejected]]:
-    """AWS CUR 2.0 Parquet lines as FOCUS lines: BilledCost = unblended, EffectiveCost = amortized.
-
-    `resource_tags` (a map; `user_` prefixes dropped) becomes Tags; the usage account is the
-    SubAccountId, the payer the BillingAccountId.
-    """
-    for location, path in billing_files(uri):
-        if not path.endswith(".parquet"):
-            continue
-        source = posixpath.basename(path) if location.path == path else location.relative(path)
-        handle = location.fs.open_input_file(path)
-        try:
-            parquet = pq.ParquetFile(handle)
-            wanted = [name for name in CUR_COLUMNS if name in parquet.schema_arrow.names]
-            first = 1
-            for batch in parquet.iter_batches(batch_size=batch_rows, columns=wanted):
-                lines = batch.to_pylist()
-                effective, bad = [], {}
-                with localcontext(CONTEXT):
-                    for index, line in enumerate(lines):
-                        try:
-                            amortized = cur_amortized(line)
-                        except ValueError as exc:
-                            amortized = None
-                            bad[index] = ("EffectiveCost", f"malformed EffectiveCost (amortized): {exc}")
-                        effective.append(None if amortized is None else str(amortized))
-                columns = {
-                    "ChargePeriodStart": batch.column("line_item_usage_start_date"),
-                    "BillingCurrency": batch.column("line_item_currency_code"),
-                    "BilledCost": batch.column("line_item_unblended_cost"),
-                    "EffectiveCost": pa.array(effective, pa.string()),
-                    "BillingAccountId": pa.array([line.get("bill_payer_account_id") for line in lines], pa.string()),
-                    "SubAccountId": pa.array([line.get("line_item_usage_account_id") for line in lines], pa.string()),
-                    "ResourceId": pa.array([line.get("line_item_resource_id") or None for line in lines], pa.string()),
-                    "ServiceName": pa.array(
-                        [line.get("product_servicecode") or line.get("line_item_product_code") for line in lines],
-                        pa.string(),
-                    ),
-                    "ChargeCategory": pa.array(
-                        [_CUR_CATEGORY.get(line.get("line_item_line_item_type"), line.get("line_item_line_item_type"))
-                         for line in lines], pa.string(),
-                    ),
-                    "Tags": pa.array([_cur_tags(line.get("resource_tags")) for line in lines], pa.string()),
-                }
-                if "line_item_usage_end_date" in wanted:
-                    columns["ChargePeriodEnd"] = batch.column("line_item_usage_end_date")
-                out, rejected = normalise(columns, first, source, known=bad)
-                first += batch.num_rows
-                yield out, rejected
-        finally:
-            handle.close()
+    return read(uri, batch_rows=batch_rows, carry=carry)
 
 
 # --------------------------------------------------------------------------- Cost Explorer

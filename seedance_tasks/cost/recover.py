@@ -32,6 +32,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from seedance_tasks import faults, journal, lease, storage
+from seedance_tasks.cost import cur_focus
 from seedance_tasks.cost.allocate import (
     ALLOCATED_NAMES,
     Attributor,
@@ -180,7 +181,7 @@ def _batches(job: Job, settings, info: dict[str, Any], carry: list[str]):
         yield from ingest.read_focus(job.billing, batch_rows=settings.batch_rows,
                                      default_currency=job.currency or settings.default_currency, carry=carry)
     elif job.format == "cur":
-        yield from ingest.read_cur(job.billing, batch_rows=settings.batch_rows)
+        yield from ingest.read_cur(job.billing, batch_rows=settings.batch_rows, carry=carry)
     else:
         tag = job.billing.removeprefix("ce://").strip("/") or settings.cost_explorer_group_tag
         pages, api = ingest.cost_explorer_pages(job.month, group_tag=tag, cache=storage.resolve(job.state),
@@ -190,12 +191,24 @@ def _batches(job: Job, settings, info: dict[str, Any], carry: list[str]):
         yield from ingest.read_cost_explorer(pages, group_tag=tag)
 
 
+INTERMEDIATE = {"compression": "lz4"}
+"""How the work files between stages are written: fast to write and read (they live for one run).
+Only the dictionary columns are dictionary-encoded: trying it on costs, row numbers and resource ids
+(mostly distinct) doubles the write time for nothing."""
+
+
 @contextmanager
-def _parquet_output(root: storage.Location, path: str, schema: pa.Schema) -> Iterator[pq.ParquetWriter]:
-    """A Parquet writer whose file appears at `path` whole or not at all (a retry just writes it again)."""
+def _parquet_output(root: storage.Location, path: str, schema: pa.Schema,
+                    intermediate: bool = False) -> Iterator[pq.ParquetWriter]:
+    """A Parquet writer whose file appears at `path` whole or not at all (a retry just writes it again).
+
+    Outputs are zstd-compressed; `intermediate` work files are written the `INTERMEDIATE` way.
+    """
     root.fs.create_dir(posixpath.dirname(path), recursive=True)
     temp = path if root.is_s3 else storage.hidden_sibling(path)  # an S3 upload appears whole at close
-    with root.fs.open_output_stream(temp) as sink, pq.ParquetWriter(sink, schema, compression="zstd") as writer:
+    options = ({**INTERMEDIATE, "use_dictionary": [f.name for f in schema if pa.types.is_dictionary(f.type)]}
+               if intermediate else {"compression": "zstd"})
+    with root.fs.open_output_stream(temp) as sink, pq.ParquetWriter(sink, schema, **options) as writer:
         yield writer
     if temp != path:
         storage.move(root.fs, temp, path)
@@ -211,9 +224,11 @@ def ingest_stage(data: dict[str, Any]) -> dict[str, Any]:
     info: dict[str, Any] = {"rows_read": 0, "rows_in_month": 0}
     rejected: list[dict[str, Any]] = []
     rejected_count = 0
-    # a FOCUS source's other columns travel with its lines into the allocations (FOCUS out)
-    carry = carried_columns(job.billing, reserved=ALLOCATED_NAMES) if job.format == "focus" else []
-    with _parquet_output(root, job.work_path("lines.parquet"), lines_schema(carry)) as writer:
+    # a FOCUS source's other columns travel with its lines into the allocations (FOCUS out); a CUR
+    # source's lines get the FOCUS columns its mapping gives (cur_focus)
+    carry = (carried_columns(job.billing, reserved=ALLOCATED_NAMES) if job.format == "focus"
+             else list(cur_focus.CARRY) if job.format == "cur" else [])
+    with _parquet_output(root, job.work_path("lines.parquet"), lines_schema(carry), intermediate=True) as writer:
         for batch, bad in _batches(job, settings, info, carry):
             info["rows_read"] += len(batch) + len(bad)
             for item in bad:
@@ -328,12 +343,22 @@ def rules_stage(data: dict[str, Any], *, tagger=None) -> dict[str, Any]:
     budgets = rules.budget_findings(owners, totals.currencies(), job.month, settings.overbudget_percent)
     storage.write_json_atomic(job.root.fs, job.work_path("rules.json"), {"idle": idle, "over_budget": budgets})
     actions = rules.act(month=job.month, idle=idle, active=active, budgets=budgets, settings=settings,
-                        state=storage.resolve(job.state), apply=job.apply, backfill=job.backfill, tagger=tagger)
+                        state=storage.resolve(job.state), apply=job.apply, backfill=job.backfill, tagger=tagger,
+                        owners=owners)
     return {"idle": len(idle), "over_budget": [item["owner"] for item in budgets], "actions": actions}
 
 
 def _safe(owner: str) -> str:
     return re.sub(r"[^A-Za-z0-9._@-]+", "_", owner).lstrip("._") or "owner"
+
+
+def _plain_keys(table: pa.Table, keys: list[str]) -> pa.Table:
+    """`table` with its dictionary `keys` decoded (batches' dictionaries differ; groups are few)."""
+    for key in keys:
+        column = table.column(key)
+        if pa.types.is_dictionary(column.type):
+            table = table.set_column(table.schema.get_field_index(key), key, pc.cast(column, pa.string()))
+    return table
 
 
 @exact
@@ -348,15 +373,20 @@ def statements_stage(data: dict[str, Any]) -> dict[str, Any]:
     root = job.root
     _retire_tree(job, "out", storage.new_run_id())
     keys = ["x_Owner", "BillingCurrency", "ServiceName", "x_OwnerSource", "AllocatedMethodId"]
+    # per batch in Arrow, then once more over the batches' groups (exact decimal128 sums: a month
+    # stays far below their 26 integer digits, see money.MAX_DIGITS), to Python once at the end
+    parts = [_plain_keys(pa.Table.from_batches([batch]).group_by(keys, use_threads=False).aggregate(
+        [("x_Cost", "sum"), ("BilledCost", "sum"), ("x_Cost", "count")]), keys)
+        for batch in _allocation_batches(job, [*keys, "x_Cost", "BilledCost"])]
     groups: dict[tuple, list] = {}
-    for batch in _allocation_batches(job, [*keys, "x_Cost", "BilledCost"]):
-        grouped = pa.Table.from_batches([batch]).group_by(keys, use_threads=False).aggregate(
-            [("x_Cost", "sum"), ("BilledCost", "sum"), ("x_Cost", "count")])
-        for row in grouped.to_pylist():
-            entry = groups.setdefault(tuple(row[key] for key in keys), [Decimal(0), Decimal(0), 0])
-            entry[0] += row["x_Cost_sum"]
-            entry[1] += row["BilledCost_sum"]
-            entry[2] += row["x_Cost_count"]
+    if parts:
+        merged = pa.concat_tables(parts, promote_options="permissive").group_by(keys, use_threads=False).aggregate(
+            [("x_Cost_sum", "sum"), ("BilledCost_sum", "sum"), ("x_Cost_count", "sum")])
+        for row in merged.to_pylist():
+            groups[tuple(row[key] for key in keys)] = [
+                row["x_Cost_sum_sum"] if row["x_Cost_sum_sum"] is not None else Decimal(0),
+                row["BilledCost_sum_sum"] if row["BilledCost_sum_sum"] is not None else Decimal(0),
+                row["x_Cost_count_sum"]]
     per_owner: dict[str | None, list] = {}
     for key in sorted(groups, key=lambda k: tuple("" if part is None else part for part in k)):
         per_owner.setdefault(key[0], []).append((key, groups[key]))
