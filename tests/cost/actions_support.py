@@ -51,7 +51,7 @@ def db_snapshots(name: str) -> list[dict]:
 
 
 def publish_month(tmp_path: Path, idle: dict[str, list[str]], *, month: str = MONTH, approvers=None,
-                  budgets=None) -> tuple[Path, Path]:
+                  budgets=None, contacts=None) -> tuple[Path, Path]:
     """Publish `month` through the cost recovery: per owner (`idle`: owner -> resource ids), one
     billing line per resource (alpha 12.50 each, others 5.00) and 7 idle days at the month's end.
     Returns (outputs root, owners file)."""
@@ -75,7 +75,8 @@ def publish_month(tmp_path: Path, idle: dict[str, list[str]], *, month: str = MO
     owners = write_owners(tmp_path / "owners.yaml",
                           budgets=budgets or {"alpha": {"amount": "10", "currency": "USD"},
                                               "beta": {"amount": "100", "currency": "USD"}},
-                          **({"approvers": approvers} if approvers else {}))
+                          **({"approvers": approvers} if approvers else {}),
+                          **({"contacts": contacts} if contacts else {}))
     out = tmp_path / "out"
     recover_month(month=month, billing=str(billing), owners=str(owners), out=str(out), utilization=str(utilization),
                   backfill=True)

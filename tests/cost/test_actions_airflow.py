@@ -3,17 +3,19 @@ triggerer as subprocesses, LocalExecutor, SQLite) against moto_server on 127.0.0
 
 A published month's `seedance_cost_statements` event is POSTed to the REST API (as the recovery
 DAG's report task emits it) and starts `seedance_cost_actions`, applying (`cost.actions.apply`),
-on a rehearsal calendar whose days last 30 s: idle resources are snapshotted and stopped in moto;
-the owners are reminded (a deferral in the triggerer), then answer through the HITL REST endpoint
+on a rehearsal calendar whose days last 60 s: idle resources are snapshotted and stopped in moto;
+the owners are reminded (a deferral in the triggerer; alpha by e-mail to aiosmtpd and a webhook on
+loopback, beta, without contacts, through the outbox), then answer through the HITL REST endpoint
 as the UI does (alpha confirms, beta disputes); on the 5th working day (a deferrable sensor) the
 confirmed amount is deducted in the ledger and alpha's over-budget freeze applied. The same month
 run again, and two tasks of the first run retried, repeat no side effect.
 
-Slow (three to four minutes on two cores): real services and a compressed five-working-day wait.
+Slow (six to eight minutes on two cores): real services and a compressed five-working-day wait.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import urllib.request
@@ -34,6 +36,7 @@ from tests.cost.actions_support import (
     publish_month,
     snapshots_of,
 )
+from tests.mail_services import smtp_connection, smtp_server, webhook_server
 
 REPO = Path(__file__).resolve().parents[2]
 DAG_ID = "seedance_cost_actions"
@@ -48,6 +51,12 @@ def _api(port: int, path: str, token: str, body: dict | None = None, method: str
         return json.loads(response.read())
 
 
+def _reminders(inbox, hooks) -> tuple[int, int]:
+    """alpha's reminders received so far: (e-mails, webhook posts)."""
+    return (sum(m.subject.startswith("Reminder:") for m in inbox.messages),
+            sum(h["json"]["text"].startswith("*Reminder:") for h in hooks))
+
+
 def _outbox(out: Path) -> list[dict]:
     path = out / "_seedance" / "cost" / "outbox.jsonl"
     return [json.loads(row) for row in path.read_text().splitlines()] if path.exists() else []
@@ -59,11 +68,16 @@ def _aws_side(instance: str, volume: str) -> tuple:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)  # the rehearsal calendar's five working days take five minutes by themselves
 def test_the_month_runs_from_its_event_with_hitl_and_deferrable_waits_once(s3_server, tmp_path):
+    mail = contextlib.ExitStack()
+    inbox, smtp_port = mail.enter_context(smtp_server())  # alpha's e-mail (aiosmtpd on loopback) ...
+    hooks, hook_url = mail.enter_context(webhook_server())  # ... and alpha's Slack-compatible webhook
     arn, instance = make_instance()
     database = make_database("beta-idle-db")
     out, owners = publish_month(tmp_path, {"alpha": [arn], "beta": [database]},
-                                approvers={"alpha": ["admin"], "beta": ["admin"]})
+                                approvers={"alpha": ["admin"], "beta": ["admin"]},
+                                contacts={"alpha": {"email": "alpha-leads@example.com", "webhook_env": "ALPHA_HOOK"}})
     volume = instance_state(instance)["volumes"][0]
     dags = tmp_path / "dags"
     dags.mkdir()
@@ -77,9 +91,11 @@ def test_the_month_runs_from_its_event_with_hitl_and_deferrable_waits_once(s3_se
         "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true",
         "SEEDANCE__COST__OWNERS_FILE": str(owners),
         "SEEDANCE__COST__ACTIONS__APPLY": "true",  # event-started runs apply
-        "SEEDANCE__COST__ACTIONS__DAY_LENGTH": "30s",  # the rehearsal calendar: a day lasts 30 s
+        "SEEDANCE__COST__ACTIONS__DAY_LENGTH": "60s",  # the rehearsal calendar: a day lasts 60 s (room for a loaded CI)
         "SEEDANCE__COST__ACTIONS__ANCHOR": "run_start",
         "SEEDANCE__COST__ACTIONS__TUNING_WINDOW": "0",  # moto's resources are minutes old
+        "AIRFLOW_CONN_ACTIONS_SMTP": smtp_connection(smtp_port), "SEEDANCE__NOTIFICATIONS__SMTP_CONN_ID": "actions_smtp",
+        "ALPHA_HOOK": hook_url,  # beta has no contacts: its notices go to the outbox
     })
     services = AirflowServices(home, env)
     services.airflow("db", "migrate")
@@ -109,8 +125,8 @@ def test_the_month_runs_from_its_event_with_hitl_and_deferrable_waits_once(s3_se
         services.wait_until(lambda: _aws_side(instance, volume) == ("stopped", 1, 1, "pending"), 120,
                             "the idle resources to be snapshotted and stopped")
         # while waiting: a reminder (its deferral runs in the triggerer), before anyone answers
-        services.wait_until(lambda: any(m["key"] == f"remind:{MONTH}:alpha:0" for m in _outbox(out)), 120,
-                            "the first reminder")
+        services.wait_until(lambda: _reminders(inbox, hooks) == (1, 1), 180, "alpha's first reminder, mailed and posted")
+        assert any(m["key"] == f"remind:{MONTH}:beta:0" for m in _outbox(out))
 
         def waiting():
             found = _api(port, f"/api/v2/dags/{DAG_ID}/dagRuns/{run_id}/hitlDetails", token)["hitl_details"]
@@ -132,7 +148,7 @@ def test_the_month_runs_from_its_event_with_hitl_and_deferrable_waits_once(s3_se
             state = _api(port, f"/api/v2/dags/{DAG_ID}/dagRuns/{run}", token)["state"]
             return state if state in ("success", "failed") else None
 
-        assert services.wait_until(lambda: finished(run_id), 300, "the run to settle") == "success"
+        assert services.wait_until(lambda: finished(run_id), 600, "the run to settle") == "success"
         plan = _api(port, f"/api/v2/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances/plan/xcomEntries/return_value",
                     token)["value"]
         settle = _api(port, f"/api/v2/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances/settle", token)
@@ -147,7 +163,13 @@ def test_the_month_runs_from_its_event_with_hitl_and_deferrable_waits_once(s3_se
         assert entries[f"confirm:{MONTH}:alpha"].details["by"] == "admin"
         assert "freeze:alpha:2024-09" in entries  # 12.50 against a budget of 10: over by 25 % > 20 %
         aws_after, ledger_after, outbox_after = _aws_side(instance, volume), dict(entries), _outbox(out)
-        assert [m["key"] for m in outbox_after].count(f"remind:{MONTH}:alpha:0") == 1
+        assert [m["key"] for m in outbox_after].count(f"remind:{MONTH}:beta:0") == 1
+        assert all(m.to == ["alpha-leads@example.com"] for m in inbox.messages)
+        assert any(m.subject.startswith("Confirm the 2024-08 chargeback of alpha") for m in inbox.messages)
+        assert hook_url not in json.dumps(_outbox(out))
+        assert not any("s3cr3tT0ken" in log.read_text(errors="replace") for log in home.rglob("*.log"))
+        mail_after, hooks_after = [m.subject for m in inbox.messages], [h["json"] for h in hooks]
+        assert len(mail_after) == len(hooks_after)  # every notice of alpha's on both channels, once
 
         # the same month again, by hand: everything is found done
         second = _api(port, f"/api/v2/dags/{DAG_ID}/dagRuns", token, {
@@ -161,6 +183,8 @@ def test_the_month_runs_from_its_event_with_hitl_and_deferrable_waits_once(s3_se
                                          token)["try_number"] >= 2 and finished(run_id), 300, "the retried tasks")
     finally:
         services.stop()
+        mail.close()
     assert _aws_side(instance, volume) == aws_after  # no second snapshot, stop or tag
+    assert [m.subject for m in inbox.messages] == mail_after and [h["json"] for h in hooks] == hooks_after
     assert BudgetLedger(str(out)).load() == ledger_after  # no second deduction or freeze
     assert _outbox(out) == outbox_after  # no second reminder or notice
