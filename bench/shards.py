@@ -59,7 +59,10 @@ def run_seedance(src: Path, out: Path, shard_size: int) -> list[int]:
     from seedance_tasks.shards.build import build
     from seedance_tasks.shards.settings import ShardSettings
 
-    build(str(src), str(out), settings=ShardSettings(shard_size=shard_size))
+    # The peers write bytes without decoding them, and the payloads are random bytes: no decode check.
+    report = build(str(src), str(out), settings=ShardSettings(shard_size=shard_size, check_decode=False))
+    if report["rejected"] or not report["samples"]:
+        raise SystemExit(f"seedance rejected samples: {report['rejected'][:3]}")
     return [p.stat().st_size for p in sorted(out.glob("*.tar"))]
 
 
