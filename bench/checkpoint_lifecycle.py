@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import os
 import shutil
 import sys
 import time
@@ -79,10 +80,13 @@ def main(argv: list[str] | None = None) -> int:
     from seedance_tasks.config import load_settings
     from seedance_tasks.lifecycle import costs, gc, inventory, tiering
 
+    # The tier roots through the environment, as a deployment's config would give them: a manifest
+    # naming a root that config does not trust is refused when it is read.
+    os.environ["SEEDANCE__LIFECYCLE__TIERS__WARM__URI"] = str(WORK / "warm")
+    os.environ["SEEDANCE__LIFECYCLE__TIERS__COLD__URI"] = str(WORK / "cold")
     settings = load_settings().lifecycle.model_copy(deep=True)
     shutil.rmtree(WORK, ignore_errors=True)
     store = WORK / "hot"
-    settings.tiers.warm.uri, settings.tiers.cold.uri = str(WORK / "warm"), str(WORK / "cold")
     settings.tiers.hot.price_class = "STANDARD"  # hot = S3 Standard (a hot bucket; local NVMe costs more)
     settings.tiers.warm.price_class, settings.tiers.cold.price_class = "STANDARD_IA", "GLACIER_IR"
     policy = {"keep_last": 3, "keep_every": 100 * args.step_every, "keep_best": 3, "metric": "val_loss"}
