@@ -256,3 +256,26 @@ def test_the_cost_page_shows_deductions_and_freezes_to_the_cent(tmp_path):
     path.write_text(path.read_text().replace('"12.5"', '"1.25"'))
     html = pages.cost_section(0, "test", cost_view(str(out), datetime(2024, 9, 10, tzinfo=UTC)))
     assert "modified outside Seedance" in html and "data-deduction=" not in html  # refused, not half-read
+
+
+def _event_context(extra: dict) -> dict:
+    """A task context started by one `seedance_cost_statements` event carrying `extra`."""
+    from types import SimpleNamespace
+
+    from seedance_tasks.cost.assets import COST_STATEMENTS
+
+    event = SimpleNamespace(timestamp=datetime(2024, 9, 1, 3, tzinfo=UTC), extra=extra)
+    return {"triggering_asset_events": {COST_STATEMENTS: [event]},
+            "dag_run": SimpleNamespace(run_type="asset_triggered", run_after=datetime(2024, 9, 1, 3, tzinfo=UTC))}
+
+
+def test_statements_from_a_backfill_start_no_actions(tmp_path):
+    from airflow.exceptions import AirflowSkipException
+
+    from seedance_tasks.cost.actions_airflow import plan_task
+
+    out, _ = publish_month(tmp_path, {"alpha": ["i-0abc"]})
+    extra = {"month": MONTH, "out": str(out / f"month={MONTH}"), "backfill": True}
+    with pytest.raises(AirflowSkipException, match="backfill never starts actions"):
+        plan_task({}, _event_context(extra))
+    assert not (out / "_seedance" / "cost" / "budget-ledger.json").exists()
