@@ -30,6 +30,7 @@ DEMOS = [
     "seedance_tasks.checkpoint.demo",
     "seedance_tasks.lifecycle.demo",
     "seedance_tasks.cost.demo",
+    "seedance_tasks.cost.actions_demo",
     "seedance_tasks.signals.demo",
 ]
 
