@@ -16,11 +16,11 @@ from airflow.providers.standard.operators.hitl import HITLOperator
 from airflow.providers.standard.sensors.date_time import DateTimeSensorAsync
 from airflow.sdk import BaseOperator, Param
 
+from seedance_tasks.cost.assets import COST_STATEMENTS
 from seedance_tasks.dag_support import fail_fast, run_type_of
 
 log = logging.getLogger("seedance_tasks.dag")
 CONFIRM, DISPUTE = "Confirm", "Dispute"  # the same as actions.CONFIRM / DISPUTE
-ASSET_NAME = "seedance_cost_statements"
 NO_DEFER_WITHIN = timedelta(seconds=10)  # a wait shorter than this is slept in the worker, not deferred
 
 
@@ -46,7 +46,7 @@ def plan_task(params: dict[str, Any], context: dict[str, Any]) -> dict[str, Any]
     from seedance_tasks.dag_support import skip, triggering_extras
 
     settings = load_section("cost")
-    events = triggering_extras(context.get("triggering_asset_events"), [ASSET_NAME])
+    events = triggering_extras(context.get("triggering_asset_events"), [COST_STATEMENTS.name])
     event = events[-1] if events else {}
     if event.get("backfill") and not params.get("month"):
         skip(f"the {event.get('month')} statements come from a backfill: a backfill never starts actions; "
