@@ -1,8 +1,8 @@
 """Plan a compaction: list the dataset once, group files by partition, choose what to rewrite.
 
 A partition (the directory holding the files, e.g. `date=2026-11-01/`) is compacted when it
-has at least two small Parquet files old enough to be finished; everything else stays put, so
-a compacted lake is left alone by the next run. Hidden files (`_`/`.` prefix) are not data.
+has at least two small Parquet files old enough to be finished and rewriting them would leave
+fewer files; everything else stays put, so a compacted lake is left alone by the next run. Hidden files (`_`/`.` prefix) are not data.
 """
 
 from __future__ import annotations
@@ -86,13 +86,16 @@ def _is_parquet(relative: str) -> bool:
 
 
 def plan_compaction(
-    root: Location, run_id: str, *, small_file_size: int, min_age_s: float, now: datetime | None = None
+    root: Location, run_id: str, *, small_file_size: int, min_age_s: float, now: datetime | None = None,
+    target_file_size: int | None = None,
 ) -> CompactionPlan:
     """The partitions of `root` worth compacting, from one recursive listing.
 
     Raises RefusedError for a table-format dataset. Partitions left alone are reported in
     `skipped` with the reason, except those with nothing small in them. Symlinks (to files or
-    directories) are never followed, and each is reported once in `skipped`.
+    directories) are never followed, and each is reported once in `skipped`. With
+    `target_file_size`, a partition whose small files would not become fewer files (two files
+    of 70% of the target stay two) is skipped, so runs converge instead of rewriting it nightly.
     """
     now = now or datetime.now(UTC)
     tree = storage.list_tree(root, include_hidden=True)
@@ -121,7 +124,10 @@ def plan_compaction(
             plan.skipped.append({"partition": link, "reason": SYMLINK_REASON})
     for partition in sorted(set(by_partition) | set(too_young)):
         files = by_partition.get(partition, [])
-        if len(files) >= 2:
+        if len(files) >= 2 and target_file_size and -(-sum(f.size for f in files) // target_file_size) >= len(files):
+            plan.skipped.append({"partition": partition or ".",
+                                 "reason": f"{len(files)} small files would stay {len(files)} files at the target size"})
+        elif len(files) >= 2:
             plan.partitions.append(PartitionPlan(partition, files))
         elif too_young.get(partition):
             plan.skipped.append(

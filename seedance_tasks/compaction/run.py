@@ -66,7 +66,7 @@ def prepare(uri: str, settings: CompactionSettings, *, now: datetime | None = No
                      for item in journal.pending(root, JOURNAL_KIND)]
     plan = plan_compaction(
         root, run_id or storage.new_run_id(now), small_file_size=settings.effective_small_file_size,
-        min_age_s=settings.min_age, now=now,
+        min_age_s=settings.min_age, now=now, target_file_size=settings.target_file_size,
     )
     return plan, recovered
 

@@ -176,12 +176,16 @@ class _RollingWriter:
         self.outputs: list[dict] = []  # {"staged", "final"} relative paths
 
     def write(self, table: pa.Table) -> None:
-        if table.num_rows == 0:  # nothing to write (a zero-row file or row group)
-            return
-        self.pending.append(table)
-        self.pending_bytes += table.nbytes
-        if self.pending_bytes >= self._flush_threshold():
-            self._flush()
+        """Buffer `table`, cutting it into row groups that fill the current file up to the target."""
+        while table.num_rows:
+            room = self._flush_threshold() - self.pending_bytes
+            row_bytes = table.nbytes / table.num_rows
+            rows = table.num_rows if table.nbytes <= room else max(1, int(room // row_bytes))
+            piece, table = table.slice(0, rows), table.slice(rows)
+            self.pending.append(piece)
+            self.pending_bytes += rows * row_bytes
+            if self.pending_bytes >= self._flush_threshold():
+                self._flush()
 
     def _flush_threshold(self) -> float:
         """Uncompressed bytes for the next row group: the configured size, or less to fill the file."""

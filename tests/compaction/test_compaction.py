@@ -43,6 +43,38 @@ def test_second_run_changes_nothing(lake, small_settings):
     assert {f: os.path.getmtime(lake / f) for f in visible_data_files(lake)} == files
 
 
+def test_sources_larger_than_a_row_group_still_fill_files_and_the_next_run_converges(lake, small_settings):
+    """Whole source files arriving as one table (row groups as big as the default) are cut to fit:
+    every file but the last of a partition is full, so the next run finds nothing to compact."""
+    settings = small_settings.model_copy(update={"row_group_size": 128 * 1024 * 1024})
+    before = read_lake(lake)
+    compact_dataset(str(lake), settings)
+    target = settings.target_file_size
+    for partition in ("date=2026-11-01", "date=2026-11-02", "date=2026-11-03"):
+        sizes = sorted(os.path.getsize(lake / f) for f in visible_data_files(lake) if f.startswith(partition))
+        assert len(sizes) >= 2 and all(0.9 * target <= s <= 1.05 * target for s in sizes[1:]), sizes
+    files = {f: os.path.getmtime(lake / f) for f in visible_data_files(lake)}
+    assert compact_dataset(str(lake), settings)["partitions_compacted"] == 0
+    assert {f: os.path.getmtime(lake / f) for f in visible_data_files(lake)} == files
+    assert read_lake(lake).equals(before)
+
+
+def test_small_files_that_would_stay_as_many_files_are_left_alone(tmp_path, small_settings):
+    lake = tmp_path / "lake"
+    make_sample_lake(str(lake), partitions=1, files_per_partition=2, rows_per_file=1_500)
+    sizes = [os.path.getsize(lake / f) for f in visible_data_files(lake)]
+    target = int(max(sizes) * 1.8)  # each file smaller than the target, the two together larger
+    settings = small_settings.model_copy(update={"target_file_size": target, "small_file_size": target})
+    files = {f: os.path.getmtime(lake / f) for f in visible_data_files(lake)}
+    report = compact_dataset(str(lake), settings)
+    assert report["partitions_compacted"] == 0
+    assert report["skipped"] == [{"partition": "date=2026-11-01", "reason": "2 small files would stay 2 files at the target size"}]
+    assert {f: os.path.getmtime(lake / f) for f in visible_data_files(lake)} == files
+    three = tmp_path / "three"  # three such files do become fewer: compacted
+    make_sample_lake(str(three), partitions=1, files_per_partition=3, rows_per_file=1_500)
+    assert compact_dataset(str(three), settings)["partitions_compacted"] == 1
+
+
 def test_output_uses_zstd_and_dictionary_only_on_low_cardinality(lake, small_settings):
     compact_dataset(str(lake), small_settings)
     meta = pq.read_metadata(lake / visible_data_files(lake)[0])
