@@ -146,7 +146,10 @@ class ShardTokens:
 
 
 def _log(rank: int, message: str) -> None:
-    print(f"[rank{rank}] {message}", flush=True)
+    """One whole line in one write: ranks share torchrun's pipe, and `print` writes the text and
+    its newline apart (unbuffered), so two ranks' lines could interleave mid-line."""
+    sys.stdout.write(f"[rank{rank}] {message}\n")
+    sys.stdout.flush()
 
 
 _METRICS_LOCK = threading.Lock()  # the main loop and finished background saves both write lines
