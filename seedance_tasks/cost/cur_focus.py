@@ -384,7 +384,7 @@ def read_cur(uri: str, *, batch_rows: int = 500_000, carry: list[str] | tuple[st
         source = posixpath.basename(path) if location.path == path else location.relative(path)
         handle = location.fs.open_input_file(path)
         try:
-            parquet = pq.ParquetFile(handle)
+            parquet = pq.ParquetFile(handle, pre_buffer=False)  # bounded memory: no chunk kept once read
             wanted = [name for name in CUR_COLUMNS if name in parquet.schema_arrow.names]
             first = 1
             for batch in parquet.iter_batches(batch_size=batch_rows, columns=wanted):

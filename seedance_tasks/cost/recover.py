@@ -260,7 +260,7 @@ def allocate_stage(data: dict[str, Any]) -> dict[str, Any]:
     root = job.root
     source = root.fs.open_input_file(job.work_path("lines.parquet"))
     try:
-        lines = pq.ParquetFile(source)
+        lines = pq.ParquetFile(source, pre_buffer=False)  # pre_buffer keeps every chunk read until the end
         with _parquet_output(root, job.work_path("allocations.parquet"), allocations_schema(lines.schema_arrow)) as writer:
             for batch in lines.iter_batches(batch_size=settings.batch_rows):
                 for out in attributor.attribute(batch):
@@ -281,7 +281,7 @@ def allocate_stage(data: dict[str, Any]) -> dict[str, Any]:
 def _allocation_batches(job: Job, columns: list[str]) -> Iterator[pa.RecordBatch]:
     """The staged allocations.parquet of `job`, batch by batch, only `columns`."""
     with job.root.fs.open_input_file(job.work_path("allocations.parquet")) as handle:
-        yield from pq.ParquetFile(handle).iter_batches(columns=columns)
+        yield from pq.ParquetFile(handle, pre_buffer=False).iter_batches(columns=columns)
 
 
 def _resource_costs(job: Job, resource_ids: list[str]) -> dict[str, dict[str, Any]]:
