@@ -364,8 +364,8 @@ def settle(data: dict[str, Any], *, now: datetime | None = None, settings=None) 
             continue
         key = f"freeze:{item['owner']}:{target}"
         if not apply:
-            result["planned"].append(f"freeze {item['owner']}'s {target} budget ({item['spend']} {item['currency']} "
-                                     f"spent against {item['budget']})")
+            result["planned"].append(f"freeze {item['owner']}'s {target} budget ({Decimal(item['spend']):.2f} "
+                                     f"{item['currency']} spent against {Decimal(item['budget']):.2f})")
         elif key in entries:
             result["done_before"].append(key)
         else:

@@ -1,4 +1,5 @@
-"""`seedance cost` subcommands: monthly cost recovery (chargeback) and its backfill."""
+"""`seedance cost` subcommands: monthly cost recovery (chargeback) and its backfill, the recovery
+workflow's plan (dry run) and the owners' budget-pool ledger."""
 
 from __future__ import annotations
 
@@ -69,3 +70,77 @@ def recover(
         console.print(f"outputs: {res['report']['out']}")
 
     emit(result, as_json, render)
+
+
+@app.command("actions")
+@handle_errors
+def actions(
+    month: str = typer.Option(..., "--month", help="a recovered month, YYYY-MM (its summary.json is read)"),
+    out: str = typer.Option(..., "--out", help="the recovery's output root (as given to `seedance cost recover`)"),
+    owners: str = typer.Option(None, "--owners", help="owners/CMDB YAML file (default: cost.owners_file)"),
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """What the month's recovery workflow would do, as a dry run: deadlines from the working-day
+    calendar, the idle resources it would snapshot and isolate, the deductions and freezes.
+
+    Nothing is changed, nobody is asked. The workflow itself runs as the `seedance_cost_actions`
+    DAG, where each owner confirms or disputes in the Airflow UI (human-in-the-loop).
+    """
+    from seedance_tasks.cost import actions as workflow
+
+    plan = workflow.plan(month=month, out=out, owners=owners, apply=False)
+    result = {"plan": plan, "isolate": workflow.isolate(plan), "settle": workflow.settle(plan)}
+
+    def render(res: dict) -> None:
+        deadlines = res["plan"]["deadlines"]
+        console.print(table(f"{month}: the recovery workflow's deadlines", ["step", "by"], [
+            ["isolate idle resources", deadlines["isolate_by"]],
+            *[["remind owners", moment] for moment in deadlines["remind_at"]],
+            ["owners confirm or dispute", deadlines["confirm_by"]],
+            ["deduct confirmed charges", deadlines["deduct_at"]],
+        ]))
+        isolate = res["isolate"]
+        rows = [[step, ""] for step in isolate["planned"]]
+        rows += [[item["resource_id"], f"skipped: {item['reason']}"] for item in isolate["skipped"]]
+        rows += [[item["resource_id"], "not found in AWS"] for item in isolate["missing"]]
+        rows += [[item["resource_id"], f"done before ({item['kind']})"] for item in isolate["done_before"]]
+        console.print(table("idle resources", ["resource / step", "note"], rows or [["(none idle)", ""]]))
+        from decimal import Decimal
+
+        charges = sorted(((owner, currency, Decimal(amount)) for owner, by_currency in res["plan"]["charges"].items()
+                          if owner != workflow.UNALLOCATED for currency, amount in by_currency.items()),
+                         key=lambda row: (-abs(row[2]), row[0], row[1]))
+        rows = [[owner, f"{amount:.2f} {currency}"] for owner, currency, amount in charges[:25]]
+        if len(charges) > 25:
+            rows.append([f"... {len(charges) - 25} more (see --json)", ""])
+        console.print(table("deducted from each budget pool if its owner confirms", ["owner", "amount"],
+                            rows or [["(no charges)", ""]]))
+        freezes = [line for line in res["settle"]["planned"] if line.startswith("freeze ")]
+        if freezes:
+            console.print(table("budget freezes (over budget, not approved)", ["would"], [[line] for line in freezes]))
+        console.print("dry run: nothing changed; apply through the seedance_cost_actions DAG")
+
+    emit(result, as_json, render)
+
+
+@app.command("ledger")
+@handle_errors
+def ledger(
+    out: str = typer.Option(..., "--out", help="the recovery's output root"),
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """Each owner's budget pool position from the ledger under OUT: deducted, frozen, the answer.
+
+    The ledger is verified first (a tampered or damaged one is an error naming the file).
+    """
+    from seedance_tasks.cost.actions import owner_positions
+
+    positions = owner_positions(out)
+
+    def render(rows: list[dict]) -> None:
+        console.print(table("budget pools", ["owner", "month", "deducted", "frozen", "answer"], [
+            [row["owner"], row["month"],
+             f"{row['deducted']:.2f} {row['currency']}" if row["deducted"] is not None else "-",
+             row["frozen"] or "-", row["answer"] or "-"] for row in rows] or [["(no entries)", "", "", "", ""]]))
+
+    emit(positions, as_json, render)
