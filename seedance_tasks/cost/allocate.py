@@ -13,6 +13,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import threading
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -159,19 +160,26 @@ def _micros(moment: datetime) -> int:
 
 
 class _Codes:
-    """Distinct strings (owners, sources, conflicts) and their int32 codes, stable for a run."""
+    """Distinct strings (owners, sources, conflicts) and their int32 codes, stable for a run.
+
+    Safe to share between the threads attributing batches: a new value gets one code, and the
+    code always names that value."""
 
     def __init__(self) -> None:
         self.values: list[str] = []
         self.index: dict[str, int] = {}
+        self._lock = threading.Lock()
 
     def code(self, value: str | None) -> int | None:
         if value is None:
             return None
         found = self.index.get(value)
         if found is None:
-            found = self.index[value] = len(self.values)
-            self.values.append(value)
+            with self._lock:
+                found = self.index.get(value)
+                if found is None:
+                    self.values.append(value)
+                    found = self.index[value] = len(self.values) - 1
         return found
 
     def array(self, codes: pa.Array) -> pa.DictionaryArray:

@@ -154,3 +154,33 @@ def test_missing_usage_file_leaves_lines_unsplit_with_a_warning(tmp_path):
     summary, allocations = _run(tmp_path, [line("2024-09-01 00:00:00", "3", service="MSK")], shared=shared)
     assert summary["currencies"]["USD"]["unallocated"] == "3"
     assert "kafka" in summary["warnings"][0] and allocations[0]["AllocatedMethodId"] is None
+
+
+def test_owner_codes_stay_right_when_threads_meet_new_owners_together():
+    """Batches are attributed on two threads: a new owner seen by both at once gets one code, and
+    every code names its own owner (a wrong one would charge one owner's lines to another)."""
+    import sys
+    import threading
+
+    from seedance_tasks.cost.allocate import _Codes
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as possible
+    try:
+        for _ in range(100):
+            codes, owners = _Codes(), [f"owner-{number}" for number in range(300)]
+            seen: list[dict[str, int]] = [{} for _ in range(4)]
+
+            def attribute(found: dict[str, int]) -> None:
+                for owner in owners:
+                    found[owner] = codes.code(owner)
+
+            threads = [threading.Thread(target=attribute, args=(found,)) for found in seen]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+            assert codes.values == sorted(codes.values, key=owners.index) and len(codes.values) == len(owners)
+            assert all(codes.values[code] == owner for found in seen for owner, code in found.items())
+    finally:
+        sys.setswitchinterval(interval)
