@@ -28,6 +28,7 @@ from seedance_tasks import faults, storage
 from seedance_tasks.checkpoint.manifest import (
     MANIFEST,
     STEP_DIR,
+    file_ref,
     manifest_rel,
     parse,
     step_dir,
@@ -105,6 +106,30 @@ def committed_steps(store: Location, run: str) -> list[int]:
         if name == MANIFEST and match:
             steps.add(int(match.group(1)))
     return sorted(steps)
+
+
+def stray_files(store: Location, run: str, committed: Iterable[dict]) -> list[dict]:
+    """Files in `run`'s step folders that no committed manifest names: what interrupted saves left
+    (a step folder without a manifest, the losing attempt's `data-<attempt>-*` files, a temp
+    manifest). `committed`: the run's parsed manifests. Each as {"rel", "bytes", "mtime"}
+    (mtime: a UTC datetime or None); symlinks are neither listed nor followed."""
+    check_run_name(run)
+    if is_link(store, run):
+        return []
+    named = set()
+    for manifest in committed:
+        named.add(manifest_rel(run, manifest["step"]))
+        named.update(ref.rel for ref in (file_ref(store, manifest, name) for name in manifest["files"])
+                     if ref.root == store.uri)
+    strays = []
+    for info in storage.list_tree(store.child(run), include_hidden=True).files:
+        rel = posixpath.join(run, store.child(run).relative(info.path))
+        folder = posixpath.dirname(rel)
+        if posixpath.dirname(folder) != run or not STEP_DIR.match(posixpath.basename(folder)) or rel in named:
+            continue
+        strays.append({"rel": rel, "bytes": int(info.size or 0),
+                       "mtime": info.mtime.astimezone(UTC) if info.mtime else None})
+    return strays
 
 
 def manifest_path(store: Location, run: str, step: int) -> str:

@@ -97,7 +97,8 @@ def gc_task(item: dict) -> dict:
     result = collect(item["store"], [item["run"]], apply=item["apply"], holder=airflow_lease_holder(),
                      **item["overrides"])
     return {**item, "deleted": result["checkpoints_deleted"], "kept": result["checkpoints_kept"],
-            "bytes_freed": result["bytes_freed"], "cost": result["cost"], "recovered": result["recovered"]}
+            "bytes_freed": result["bytes_freed"], "stray_files": result["stray_files"],
+            "stray_bytes": result["stray_bytes"], "cost": result["cost"], "recovered": result["recovered"]}
 
 
 @fail_fast
@@ -111,7 +112,8 @@ def tier_task(gc_result: dict) -> dict:
     for move in result["moves"]:
         moved[move["to"]] = moved.get(move["to"], 0) + 1
     return {"store": gc_result["store"], "run": gc_result["run"], "apply": gc_result["apply"],
-            "gc": {k: gc_result[k] for k in ("deleted", "kept", "bytes_freed")}, "gc_cost": gc_result["cost"],
+            "gc": {k: gc_result.get(k, 0) for k in ("deleted", "kept", "bytes_freed", "stray_files", "stray_bytes")},
+            "gc_cost": gc_result["cost"],
             "moved": moved, "bytes_moved": result["bytes_moved"], "skipped": len(result["skipped"]),
             "cost": result["cost"], "recovered": gc_result.get("recovered", []) + result["recovered"]}
 

@@ -73,13 +73,16 @@ def gc(
         ]
         if rows:
             console.print(table("to delete" if not res["applied"] else "deleted", ["run", "step", "kind", "tier", "size"], rows))
+        if res["stray_files"]:
+            console.print(f"{'moved' if res['applied'] else 'would move'} {res['stray_files']} file(s) of interrupted "
+                          f"saves ({_size(res['stray_bytes'])}, named by no manifest) to the trash")
         kept = [[p["run"], k["step"], ", ".join(k["reasons"])] for p in res["runs"] for k in p["kept"]]
         console.print(table("kept", ["run", "step", "why"], kept))
         for p in res["runs"]:
             for step, lost in p["unrestorable_kept"].items():
                 console.print(f"[red]warning:[/] {p['run']}/step-{step} is kept but its base(s) {lost} are missing")
         console.print(_cost_line(res["cost"]))
-        if res["applied"] and res["checkpoints_deleted"]:
+        if res["applied"] and (res["checkpoints_deleted"] or res["stray_files"]):
             console.print(f"bytes are freed by: seedance trash purge {res['store']} --older-than 7d")
         elif not res["applied"]:
             console.print("dry run: nothing changed (add --apply)")

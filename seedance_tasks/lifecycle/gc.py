@@ -10,6 +10,10 @@ freed by `seedance trash purge`. A kept checkpoint and every base in its chain a
 journal. Manifests are read through the catalog, so a file outside the store's trusted roots is
 never named, and a checkpoint reached through a symlink is left alone and reported.
 
+Files of interrupted saves (a step folder without a manifest, a losing attempt's data files:
+named by no manifest) go to the trash in the same journal once `stray_min_age` old (a day by
+default: longer than any save, so a save still writing is never touched).
+
 Attempt-safe: every attempt has its own journal (`gc-<run key>-<time>-<token>`) and first
 recovers the journals earlier attempts on the same run left (roll forward past the point of no
 return, else back), so a kill -9 or a transient error at any point is finished by the retry.
@@ -74,9 +78,16 @@ def _linked(store: Location, manifest: dict) -> str | None:
     return None
 
 
+def _strays(store: Location, run: str, found: list[dict], now: datetime, min_age_s: float) -> list[dict]:
+    """Files of interrupted saves old enough to go ({"rel", "bytes"}, by path)."""
+    return [{"rel": item["rel"], "bytes": item["bytes"]} for item in catalog.stray_files(store, run, found)
+            if item["mtime"] is not None and (now - item["mtime"]).total_seconds() >= min_age_s]
+
+
 def plan_run(store: Location, run: str, rules: policy.RetentionPolicy, now: datetime,
-             roots: list[str] | None = None) -> dict:
-    """What GC would do to `run`: kept steps with reasons, garbage steps with bytes."""
+             roots: list[str] | None = None, stray_min_age_s: float = 86400) -> dict:
+    """What GC would do to `run`: kept steps with reasons, garbage steps with bytes, and the files
+    of interrupted saves (`strays`) older than `stray_min_age_s`."""
     found = inventory.manifests(store, run, roots)
     kept = policy.select(found, rules, now)
     garbage, refused = [], []
@@ -98,6 +109,8 @@ def plan_run(store: Location, run: str, rules: policy.RetentionPolicy, now: date
             for m in garbage
         ],
         "bytes_freed": sum(inventory.stored_bytes(m) for m in garbage),
+        "strays": (strays := _strays(store, run, found, now, stray_min_age_s)),
+        "stray_bytes": sum(item["bytes"] for item in strays),
         "unrestorable_kept": policy.missing_bases(found, kept),
         "refused": refused,
         "_manifests": found,
@@ -139,17 +152,19 @@ def collect(
         if on_progress:
             on_progress(index, len(names))
         if not apply:
-            plans.append(plan_run(store, run, rules[run], now, roots))
+            plans.append(plan_run(store, run, rules[run], now, roots, settings.stray_min_age))
             continue
         with journaled.run_lease(store, run, holder, "checkpoint gc") as held:
             recovered.extend(recover(store, run, roots))
-            plan = plan_run(store, run, rules[run], now, roots)
+            plan = plan_run(store, run, rules[run], now, roots, settings.stray_min_age)
             plans.append(plan)
-            if plan["_garbage"]:
+            if plan["_garbage"] or plan["strays"]:
                 retires, external = _removal(store, plan["_garbage"])
+                retires += [item["rel"] for item in plan["strays"]]
                 entry = journals.Journal.begin(
                     store, journaled.new_id(journaled.GC_KIND, run), journaled.GC_KIND, [], retires,
-                    meta={"run": run, "steps": [m["step"] for m in plan["_garbage"]]},
+                    meta={"run": run, "steps": [m["step"] for m in plan["_garbage"]],
+                          "strays": len(plan["strays"])},
                     trash_id=trash_id, external=external, prune_empty_dirs=True,
                 )
                 held.check()  # the point of no return: only while the lease is still ours
@@ -168,6 +183,8 @@ def collect(
         "checkpoints_deleted": sum(len(p["delete"]) for p in plans),
         "checkpoints_kept": sum(len(p["kept"]) for p in plans),
         "bytes_freed": sum(p["bytes_freed"] for p in plans),
+        "stray_files": sum(len(p["strays"]) for p in plans),
+        "stray_bytes": sum(p["stray_bytes"] for p in plans),
         "cost": {"before": before, "after": after, "saving": costs.saving(before, after)},
         "trash_id": trash_id if apply else None,
         "trash": posixpath.join(store.uri, storage.TRASH_DIR) if apply else None,

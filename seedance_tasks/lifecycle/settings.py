@@ -94,6 +94,9 @@ class LifecycleSettings(StrictModel):
     thaw_retrieval: Literal["Expedited", "Standard", "Bulk"] = Field("Standard", description="archive retrieval tier")
     apply_on_schedule: bool = Field(False, description="scheduled DAG runs apply GC and tiering (else dry run)")
     record_restores: bool = Field(True, description="note each restore's time, so tiering counts age since it")
+    stray_min_age: Duration = Field(
+        86400, description="GC moves files of interrupted saves (named by no manifest) to the trash once this old; "
+                           "longer than any save takes, so a save in progress is never touched")
 
     @model_validator(mode="after")
     def _check(self) -> LifecycleSettings:

@@ -42,3 +42,13 @@ def journal_ids(root, run_id: str) -> list[str]:
         for info in storage.list_files(done, include_hidden=True)
         if info.path.rsplit("/", 1)[-1].startswith(f"{run_id}-")
     )
+
+
+def save_checkpoint(store_uri: str, run: str, step: int) -> dict:
+    """Save a small deterministic state as `run`/`step` (a trainer's save, as its own process)."""
+    import torch
+
+    from seedance_tasks import checkpoint
+
+    state = {"w": torch.arange(20_000, dtype=torch.float32) / (step + 7), "step": step}
+    return {"kind": checkpoint.save(state, store_uri, run, step)["kind"]}

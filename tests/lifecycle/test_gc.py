@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from datetime import UTC, datetime, timedelta
 
 from typer.testing import CliRunner
@@ -101,3 +102,89 @@ def test_save_after_gc_starts_a_new_keyframe_group(tmp_path):
     digests.update(make_store(store, steps=[50, 60], keyframe_every=8))
     assert_restorable(store, "r", {s: digests[s] for s in checkpoint_steps(store)})
     assert checkpoint.latest_step(str(store), "r") == 60
+
+
+def _age(path, seconds):
+    moment = datetime.now(UTC).timestamp() - seconds
+    os.utime(path, (moment, moment))
+
+
+def test_files_of_interrupted_saves_go_to_the_trash_once_old_and_young_ones_stay(tmp_path):
+    store = tmp_path / "s"
+    digests = make_store(store, steps=range(0, 40, 10))
+    run = store / "r"
+    killed = run / "step-50"  # a save killed before its commit: data, no manifest
+    killed.mkdir()
+    (killed / "data-a1b2c3d4e5f6-0000.bin").write_bytes(b"x" * 5000)
+    (killed / "data-a1b2c3d4e5f6-0001.bin").write_bytes(b"y" * 3000)
+    loser = run / "step-30" / "data-0badc0ffee00-0000.bin"  # the attempt that lost the commit race
+    loser.write_bytes(b"z" * 2000)
+    writing = run / "step-60"  # a save still writing: young, left alone
+    writing.mkdir()
+    (writing / "data-feedfacecafe-0000.bin").write_bytes(b"w" * 1000)
+    for path in (*killed.iterdir(), loser):
+        _age(path, 2 * 86400)
+    committed = {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in run.rglob("*")
+                 if p.is_file() and "step-50" not in str(p) and "step-60" not in str(p) and p != loser}
+
+    dry = CliRunner().invoke(app, ["ckpt", "gc", "--store", str(store), "--keep-last", "10", "--json"])
+    assert dry.exit_code == 0, dry.output
+    report = json.loads(dry.output)
+    assert report["stray_files"] == 3 and report["stray_bytes"] == 10000 and report["checkpoints_deleted"] == 0
+    assert sorted(item["rel"] for item in report["runs"][0]["strays"]) == [
+        "r/step-30/data-0badc0ffee00-0000.bin", "r/step-50/data-a1b2c3d4e5f6-0000.bin",
+        "r/step-50/data-a1b2c3d4e5f6-0001.bin"]
+    assert loser.exists() and killed.exists()  # a dry run moves nothing
+
+    human = CliRunner().invoke(app, ["ckpt", "gc", "--store", str(store), "--keep-last", "10"])
+    assert "would move 3 file(s) of interrupted saves" in human.output
+
+    applied = CliRunner().invoke(app, ["ckpt", "gc", "--store", str(store), "--keep-last", "10", "--apply", "--json"])
+    assert applied.exit_code == 0, applied.output
+    trash = store / "_seedance" / "trash" / json.loads(applied.output)["trash_id"] / "r"
+    assert (trash / "step-30" / loser.name).read_bytes() == b"z" * 2000  # in the trash, not deleted
+    assert (trash / "step-50" / "data-a1b2c3d4e5f6-0001.bin").is_file() and not killed.exists()
+    assert not loser.exists() and (writing / "data-feedfacecafe-0000.bin").exists()
+    assert {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in committed} == committed
+    assert_restorable(store, "r", digests)
+    again = json.loads(CliRunner().invoke(app, ["ckpt", "gc", "--store", str(store), "--keep-last", "10",
+                                                "--json"]).output)
+    assert again["stray_files"] == 0
+
+
+def test_only_files_that_no_committed_manifest_names_are_strays(tmp_path):
+    """Files a manifest names stay, wherever its other files went; only unnamed ones are strays."""
+    from seedance_tasks.checkpoint import catalog
+
+    store = tmp_path / "s"
+    make_store(store, steps=range(0, 30, 10))
+    root = storage.resolve(str(store))
+    found = catalog.manifests(root, "r")
+    assert catalog.stray_files(root, "r", found) == []
+    assert {item["rel"] for item in catalog.stray_files(root, "r", found[1:])} == {
+        f"r/step-0/{name}" for name in (*found[0]["files"], "manifest.json")}  # step 0 unnamed: all of it
+
+
+def test_a_save_killed_before_its_commit_leaves_files_that_gc_trashes(tmp_path):
+    """kill -9 between a save's data files and its manifest, the retry commits the step; the killed
+    attempt's files are named by no manifest, and GC moves them to the trash (min age 0 here)."""
+    import torch
+
+    from tests.chaos.harness import result_of, run_task
+
+    store = tmp_path / "s"
+    args = {"store_uri": str(store), "run": "r", "step": 10}
+    killed = run_task("tests.chaos.tasks:save_checkpoint", args, fault_at=1, match="ckpt.commit.before")
+    assert killed.returncode == -9, killed.stderr
+    left = sorted(p.name for p in (store / "r" / "step-10").iterdir())
+    assert left and all(name.startswith("data-") for name in left)  # data written, no manifest
+    result_of(run_task("tests.chaos.tasks:save_checkpoint", args))  # the retry: another attempt
+    strays = {f"r/step-10/{name}" for name in left}
+    report = gc.collect(str(store), settings=gc.load_lifecycle_settings(stray_min_age=0), apply=True)
+    assert {item["rel"] for item in report["runs"][0]["strays"]} == strays and report["checkpoints_deleted"] == 0
+    trash = store / "_seedance" / "trash" / report["trash_id"]
+    assert all((trash / rel).is_file() for rel in strays)
+    manifest = json.loads((store / "r" / "step-10" / "manifest.json").read_text())
+    assert sorted(p.name for p in (store / "r" / "step-10").iterdir()) == sorted(["manifest.json", *manifest["files"]])
+    state = checkpoint.load(str(store), "r", 10)
+    assert state["step"] == 10 and torch.equal(state["w"], torch.arange(20_000, dtype=torch.float32) / 17)
