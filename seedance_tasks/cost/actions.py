@@ -181,12 +181,32 @@ def _confirmation_body(month: str, owner: str, found: dict[str, Any], deadlines:
 # ---------------------------------------------------------------------------- isolate (48 h)
 
 
+# AWS's answers that one resource cannot be handled this way (an instance-store-backed instance
+# cannot be stopped, a database in a state that cannot be snapshotted...): retrying will not help
+PERMANENT_REFUSALS = frozenset({
+    "UnsupportedOperation", "IncorrectInstanceState", "IncorrectState", "InvalidDBInstanceState",
+    "InvalidDBInstanceStateFault", "OperationNotPermitted", "InvalidParameterCombination", "InvalidParameterValue",
+})
+
+
+def _refusal(exc: BaseException) -> str | None:
+    """'Code: message' when `exc` is AWS refusing the request for this resource for good, else None."""
+    response = getattr(exc, "response", None)
+    if not isinstance(response, dict):
+        return None
+    error = response.get("Error") or {}
+    code = str(error.get("Code") or "")
+    return f"{code}: {error.get('Message') or ''}".strip() if code in PERMANENT_REFUSALS else None
+
+
 def isolate(data: dict[str, Any], *, isolator=None, now: datetime | None = None, settings=None) -> dict[str, Any]:
     """Snapshot and isolate the month's idle resources (dry run: the plan only).
 
     A resource whose key is in the ledger was handled before and is not touched again; one
     younger than the tuning window is flagged (ledger + owner notified), not acted on; ids that
-    are not EC2/EBS/RDS resources are reported as skipped. Returns what was done and planned.
+    are not EC2/EBS/RDS resources are reported as skipped; one AWS refuses for good (e.g. an
+    instance-store instance cannot be stopped) is reported in `failed` and the others go on.
+    Returns what was done and planned.
     """
     from seedance_tasks.cost.isolation import Isolator, action_key, parse_resource
 
@@ -197,7 +217,7 @@ def isolate(data: dict[str, Any], *, isolator=None, now: datetime | None = None,
     ledger = ledger_of(out, settings)
     done = ledger.load()
     result: dict[str, Any] = {"mode": data["mode"], "isolated": [], "flagged": [], "skipped": [], "missing": [],
-                              "done_before": [], "snapshots": [], "planned": [],
+                              "failed": [], "done_before": [], "snapshots": [], "planned": [],
                               "within_deadline": now <= datetime.fromisoformat(data["deadlines"]["isolate_by"])}
     for item in data["idle"]:
         resource_id, owner = item["resource_id"], item.get("owner") or UNALLOCATED
@@ -213,7 +233,15 @@ def isolate(data: dict[str, Any], *, isolator=None, now: datetime | None = None,
             result["done_before"].append({"resource_id": resource_id, "kind": previous.kind,
                                           "snapshots": previous.details.get("snapshots", [])})
             continue
-        outcome = isolator.isolate(resource, month, owner, apply=apply)
+        try:
+            outcome = isolator.isolate(resource, month, owner, apply=apply)
+        except Exception as exc:  # noqa: BLE001 - AWS refusing one resource must not stop the others
+            refusal = _refusal(exc)
+            if refusal is None:
+                raise  # throttling, credentials, an endpoint down: the task's retry is the fix
+            result["failed"].append({"resource_id": resource_id, "owner": owner, "error": refusal,
+                                     "hint": "isolate it by hand or exclude it; the next run tries again"})
+            continue
         row = {"resource_id": resource_id, "owner": owner, "steps": outcome["steps"],
                "snapshots": outcome["snapshots"]}
         if outcome["outcome"] == "missing":

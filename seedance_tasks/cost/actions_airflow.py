@@ -68,6 +68,8 @@ def isolate_task(data: dict[str, Any]) -> dict[str, Any]:
     result = actions.isolate(data)
     for line in result["planned"]:
         log.info("plan: %s", line)
+    for item in result["failed"]:
+        log.warning("error: %s refused by AWS (%s); hint: %s", item["resource_id"], item["error"], item["hint"])
     return result
 
 

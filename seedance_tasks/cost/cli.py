@@ -103,6 +103,7 @@ def actions(
         rows = [[step, ""] for step in isolate["planned"]]
         rows += [[item["resource_id"], f"skipped: {item['reason']}"] for item in isolate["skipped"]]
         rows += [[item["resource_id"], "not found in AWS"] for item in isolate["missing"]]
+        rows += [[item["resource_id"], f"refused by AWS: {item['error']}"] for item in isolate["failed"]]
         rows += [[item["resource_id"], f"done before ({item['kind']})"] for item in isolate["done_before"]]
         console.print(table("idle resources", ["resource / step", "note"], rows or [["(none idle)", ""]]))
         from decimal import Decimal

@@ -279,3 +279,50 @@ def test_statements_from_a_backfill_start_no_actions(tmp_path):
     with pytest.raises(AirflowSkipException, match="backfill never starts actions"):
         plan_task({}, _event_context(extra))
     assert not (out / "_seedance" / "cost" / "budget-ledger.json").exists()
+
+
+def test_a_resource_aws_refuses_is_reported_and_the_others_are_isolated(s3_server, tmp_path, old_enough):
+    """An instance-store-backed instance cannot be stopped: AWS says so for that one; the database
+    is still snapshotted and stopped, the refused one is in `failed`, not in the ledger (tried again)."""
+    import boto3
+    from botocore.exceptions import ClientError
+
+    from seedance_tasks.config import load_settings
+    from seedance_tasks.cost.isolation import Isolator
+
+    arn, instance = make_instance()
+    database = make_database("idle-db-2")
+    out, _ = publish_month(tmp_path, {"alpha": [arn], "beta": [database]})
+    plan = actions.plan(month=MONTH, out=str(out), apply=True)
+
+    class InstanceStoreEc2:
+        """The real (moto) EC2 client, except that this instance cannot be stopped, as AWS answers
+        for an instance-store-backed instance (moto does not model root device types)."""
+
+        def __init__(self, client):
+            self.client = client
+
+        def __getattr__(self, name):
+            return getattr(self.client, name)
+
+        def stop_instances(self, InstanceIds):  # noqa: N803 - boto3's keyword
+            raise ClientError({"Error": {"Code": "UnsupportedOperation", "Message": f"The instance '{instance}' "
+                               "does not have an 'ebs' root device type and cannot be stopped."}}, "StopInstances")
+
+    settings = load_settings().cost
+    ec2 = InstanceStoreEc2(boto3.client("ec2", region_name="us-east-1"))
+    result = actions.isolate(plan, isolator=Isolator(settings, ec2=ec2))
+    assert [row["resource_id"] for row in result["isolated"]] == [database]
+    [failed] = result["failed"]
+    assert failed["resource_id"] == arn and failed["error"].startswith("UnsupportedOperation: ") and failed["hint"]
+    assert instance_state(instance)["state"] == "running"
+    assert len(db_snapshots("idle-db-2")) == 1
+    keys = BudgetLedger(str(out)).load()
+    assert not any(e.details.get("resource_id") == arn for e in keys.values())  # the next run tries again
+
+    class ThrottledEc2(InstanceStoreEc2):
+        def describe_instances(self, **kwargs):
+            raise ClientError({"Error": {"Code": "RequestLimitExceeded", "Message": "slow down"}}, "DescribeInstances")
+
+    with pytest.raises(ClientError):  # not a refusal of this resource: the task fails, Airflow retries
+        actions.isolate(plan, isolator=Isolator(settings, ec2=ThrottledEc2(boto3.client("ec2", region_name="us-east-1"))))

@@ -171,7 +171,7 @@ def test_owner_codes_stay_right_when_threads_meet_new_owners_together():
             codes, owners = _Codes(), [f"owner-{number}" for number in range(300)]
             seen: list[dict[str, int]] = [{} for _ in range(4)]
 
-            def attribute(found: dict[str, int]) -> None:
+            def attribute(found: dict[str, int], codes: _Codes = codes, owners: list[str] = owners) -> None:
                 for owner in owners:
                     found[owner] = codes.code(owner)
 
