@@ -21,7 +21,7 @@ import pyarrow.fs as pafs
 from seedance_tasks import journal, lease, storage
 from seedance_tasks.compaction.plan import CompactionPlan, plan_compaction
 from seedance_tasks.compaction.settings import CompactionSettings
-from seedance_tasks.compaction.writer import JOURNAL_KIND, compact_partition, journal_prefix
+from seedance_tasks.compaction.writer import JOURNAL_KIND, compact_partition, journal_prefix, reusing_memory
 from seedance_tasks.errors import InputError, UsageError
 from seedance_tasks.storage import Location
 
@@ -118,21 +118,22 @@ def compact_group(plan: CompactionPlan, indices: list[int], settings: Compaction
         return asdict(compact_partition(root, plan.partitions[index], plan.run_id, index, settings,
                                         held=held, resume=resume))
 
-    if workers == 1:
-        for index in indices:
-            results[index] = compact_one(index)
-            if on_done:
-                on_done(results[index])
-    else:
-        with ThreadPoolExecutor(workers, thread_name_prefix="compaction") as pool:
-            futures = {
-                pool.submit(compact_one, index): index
-                for index in sorted(indices, key=lambda i: plan.partitions[i].bytes, reverse=True)
-            }
-            for future in as_completed(futures):
-                results[futures[future]] = future.result()
+    with reusing_memory():
+        if workers == 1:
+            for index in indices:
+                results[index] = compact_one(index)
                 if on_done:
-                    on_done(results[futures[future]])
+                    on_done(results[index])
+        else:
+            with ThreadPoolExecutor(workers, thread_name_prefix="compaction") as pool:
+                futures = {
+                    pool.submit(compact_one, index): index
+                    for index in sorted(indices, key=lambda i: plan.partitions[i].bytes, reverse=True)
+                }
+                for future in as_completed(futures):
+                    results[futures[future]] = future.result()
+                    if on_done:
+                        on_done(results[futures[future]])
     return [results[index] for index in indices]
 
 

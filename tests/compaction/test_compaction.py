@@ -249,3 +249,23 @@ def test_old_trash_purged_not_new(lake, small_settings):
     report = compact_dataset(str(lake), small_settings)
     later = datetime.now(UTC) + timedelta(days=8)
     assert storage.purge_trash(storage.resolve(lake), 7 * 86400, now=later)["purged"] == [report["run_id"]]
+
+
+def test_compaction_runs_on_a_pool_that_keeps_freed_memory_and_restores_the_default():
+    """Inside `reusing_memory` pyarrow allocates from jemalloc (where the build has it); nested and
+    concurrent uses share the switch; the process's default pool is back afterwards."""
+    from seedance_tasks.compaction.writer import reusing_memory
+
+    before = pa.default_memory_pool().backend_name
+    try:
+        pa.jemalloc_memory_pool()
+    except NotImplementedError:
+        pytest.skip("this pyarrow build has no jemalloc")  # pragma: no cover - manylinux wheels have it
+    with reusing_memory():
+        assert pa.default_memory_pool().backend_name == "jemalloc"
+        table = pa.table({"x": list(range(1000))})
+        with reusing_memory():
+            assert pa.default_memory_pool().backend_name == "jemalloc"
+        assert pa.default_memory_pool().backend_name == "jemalloc"  # the inner exit kept it
+    assert pa.default_memory_pool().backend_name == before
+    assert table.column("x")[999].as_py() == 999  # a buffer from the other pool is still valid
