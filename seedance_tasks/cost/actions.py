@@ -18,6 +18,8 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict
+
 from seedance_tasks import storage
 from seedance_tasks.cost.budget_ledger import BudgetLedger, Entry, entry
 from seedance_tasks.cost.workdays import Clock, WorkCalendar, close_instant, month_close
@@ -92,17 +94,50 @@ def _summary(month: str, out: str) -> dict[str, Any]:
         raise InputError(f"no published statements for {month}: {root.uri_of(path)} does not exist",
                          hint="run seedance_cost_recovery for that month first (its event starts this workflow)")
     try:
-        summary = storage.read_json(root.fs, path)
-        charges = {owner: {} for entry_ in summary["currencies"].values() for owner in entry_["by_owner"]}
-        for currency, entry_ in sorted(summary["currencies"].items()):
-            for owner, amount in entry_["by_owner"].items():
-                if Decimal(amount):
-                    charges[owner][currency] = amount
-        return {"charges": {o: c for o, c in sorted(charges.items()) if c}, "idle": summary.get("idle", []),
-                "over_budget": summary.get("over_budget", [])}
-    except (ValueError, KeyError, TypeError, ArithmeticError) as exc:
-        raise InputError(f"{root.uri_of(path)}: not a cost summary ({exc!r})",
+        summary = _PublishedMonth.model_validate(storage.read_json(root.fs, path))
+    except (ValueError, TypeError) as exc:  # pydantic's ValidationError is a ValueError
+        problem = (f"{'.'.join(map(str, exc.errors()[0]['loc']))}: {exc.errors()[0]['msg']}"
+                   if hasattr(exc, "errors") else repr(exc))
+        raise InputError(f"{root.uri_of(path)}: not a cost summary ({problem})",
                          hint="re-run seedance_cost_recovery for the month") from None
+    charges: dict[str, dict[str, str]] = {}
+    for currency, by_currency in sorted(summary.currencies.items()):
+        for owner, amount in by_currency.by_owner.items():
+            if amount:
+                charges.setdefault(owner, {})[currency] = str(amount)
+    return {"charges": dict(sorted(charges.items())),
+            "idle": [item.model_dump(mode="json") for item in summary.idle],
+            "over_budget": [item.model_dump(mode="json") for item in summary.over_budget]}
+
+
+class _Lenient(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class _Currency(_Lenient):
+    by_owner: dict[str, Decimal]
+
+
+class _Idle(_Lenient):
+    resource_id: str
+    owner: str | None = None
+
+
+class _OverBudget(_Lenient):
+    owner: str
+    spend: Decimal
+    budget: Decimal
+    currency: str
+    approved: bool = False
+
+
+class _PublishedMonth(_Lenient):
+    """What the workflow reads of a month's `summary.json` (written by the cost recovery), checked:
+    the file is input like any other (a hand edit must be an error, not a crash)."""
+
+    currencies: dict[str, _Currency]
+    idle: list[_Idle] = []
+    over_budget: list[_OverBudget] = []
 
 
 def _approvers(owners_uri: str | None) -> dict[str, list[str]]:

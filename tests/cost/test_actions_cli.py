@@ -86,3 +86,17 @@ def test_a_tampered_ledger_is_an_error_naming_the_file(s3_server, tmp_path):
     result = runner.invoke(app, ["cost", "ledger", "--out", str(out)])
     assert result.exit_code != 0 and "error:" in result.stderr and "hint:" in result.stderr
     assert ledger.name in result.stderr and "Traceback" not in result.output
+
+
+def test_a_hand_edited_summary_is_an_error_naming_the_file_and_key(s3_server, tmp_path):
+    out, _ = publish_month(tmp_path, {"alpha": ["r-a1"]})
+    summary = out / f"month={MONTH}" / "summary.json"
+    data = json.loads(summary.read_text())
+    for broken, key in ((5, "currencies"), ({"USD": {"by_owner": {"alpha": "lots"}}}, "currencies.USD.by_owner.alpha")):
+        summary.write_text(json.dumps({**data, "currencies": broken}))
+        result = runner.invoke(app, ["cost", "actions", "--month", MONTH, "--out", str(out)])
+        assert result.exit_code == 1, result.output
+        assert f"error: {summary}: not a cost summary ({key}:" in result.stderr and "hint:" in result.stderr
+    summary.write_text(json.dumps({**data, "idle": [{"owner": "alpha"}]}))  # an idle finding without its id
+    result = runner.invoke(app, ["cost", "actions", "--month", MONTH, "--out", str(out)])
+    assert "idle.0.resource_id:" in result.stderr and "Traceback" not in result.output
