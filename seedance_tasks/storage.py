@@ -316,6 +316,28 @@ def write_bytes_atomic(fs: pafs.FileSystem, path: str, data: bytes) -> None:
     faults.point("storage.write_atomic.after")
 
 
+def make_durable(fs: pafs.FileSystem, paths: list[str]) -> None:
+    """Flush the files at `paths` and their folders' entries to the disk (local: fsync), so that a
+    journal committed after this call never points at files a power loss could empty. On S3 an
+    object is durable once its upload completed: nothing to do."""
+    if not isinstance(fs, pafs.LocalFileSystem):
+        return
+    folders = set()
+    for path in paths:
+        descriptor = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(descriptor)
+        finally:
+            os.close(descriptor)
+        folders.add(posixpath.dirname(path) or ".")
+    for folder in sorted(folders):
+        descriptor = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(descriptor)
+        finally:
+            os.close(descriptor)
+
+
 def write_json_atomic(fs: pafs.FileSystem, path: str, value: Any) -> None:
     write_bytes_atomic(fs, path, (json.dumps(value, indent=2, sort_keys=True, default=str) + "\n").encode())
 

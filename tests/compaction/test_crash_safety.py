@@ -81,3 +81,41 @@ def test_kill_9_at_random_points_never_loses_or_duplicates_rows(tmp_path, lake):
         assert journal.pending(storage.resolve(work)) == []
         assert not [f for f in visible_data_files(work) if "staging" in f]
     assert killed >= 8, f"only {killed} of {trials} runs were killed mid-way"
+
+
+def test_staged_files_reach_the_disk_before_the_journal_commits(lake, small_settings, monkeypatch):
+    """A power loss after the commit must not find empty outputs while the sources sit in the trash:
+    each staged file and its folder are fsynced before its partition's journal commits."""
+    import os
+
+    from seedance_tasks import journal as journals
+    from seedance_tasks import storage as storage_module
+    from seedance_tasks.compaction.run import compact_dataset
+
+    events: list[tuple[str, str]] = []
+    real_fsync, real_commit = os.fsync, journals.Journal.commit
+
+    def fsync(descriptor):
+        events.append(("fsync", os.readlink(f"/proc/self/fd/{descriptor}")))
+        return real_fsync(descriptor)
+
+    def commit(self, *args, **kwargs):
+        events.append(("commit", self.path))
+        return real_commit(self, *args, **kwargs)
+
+    monkeypatch.setattr(storage_module.os, "fsync", fsync)
+    monkeypatch.setattr(journals.Journal, "commit", commit)
+    report = compact_dataset(str(lake), small_settings)
+    assert report["partitions_compacted"] == 3
+    commits = [index for index, (kind, _) in enumerate(events) if kind == "commit"]
+    for output in (lake / name for name in report_outputs(report)):
+        token, number = output.stem.split("-")[-2:]  # part-<run>-<token>-<n>: staged as .seedance-<token>-<n>
+        staged = [index for index, (kind, path) in enumerate(events)
+                  if kind == "fsync" and os.path.basename(path) == f".seedance-{token}-{number}.parquet"]
+        folder = [index for index, (kind, path) in enumerate(events) if kind == "fsync" and path == str(output.parent)]
+        assert staged and folder, (output, events)
+        assert any(staged[0] < commit and folder[0] < commit for commit in commits)
+
+
+def report_outputs(report) -> list[str]:
+    return [name for partition in report["partitions"] for name in partition.get("outputs", [])]
