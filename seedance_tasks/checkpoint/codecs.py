@@ -11,8 +11,10 @@ A delta is taken against the same chunk of the same tensor in the base checkpoin
 patterns seen as unsigned integers: `xor` (a ^ b), `sub` (a - b, wrapping, on whole elements) or
 `bsub` (a - b on each byte plane, wrapping per byte: nearly as small as `sub` on floats), then
 byte-grouped. XOR and `bsub` commute with byte grouping, so a chain of them is undone plane by
-plane and ungrouped once; `auto` prefers them unless `sub` is clearly smaller (SUB_MARGIN). zstd
-frames carry a content checksum; every chunk also has a BLAKE3 digest in the manifest.
+plane and ungrouped once; `auto` prefers them unless `sub` is clearly smaller (SUB_MARGIN). Every
+chunk has a BLAKE3 digest in the manifest, checked on every restore, so zstd frames are written
+without their own content checksum (frames written with one, by older versions, still decode and
+are checked).
 Compression and decompression release the GIL, so chunks run in parallel on threads.
 
 Grouped payload layout: `width` little-endian uint32 segment lengths (high bit set: the plane is
@@ -67,23 +69,32 @@ def group(raw: np.ndarray, width: int) -> np.ndarray:
     if width == 1 or raw.size == 0:
         return raw.reshape(1, -1)
     planes = np.empty((width, raw.size // width), dtype=np.uint8)
-    np.copyto(planes, raw.reshape(-1, width).T)  # gathers strided, writes contiguous: ~3x a shift loop
+    if width in (2, 4) and _LITTLE and raw.flags.c_contiguous and raw.ctypes.data % width == 0:
+        # plane k = the words shifted right by 8k, truncated to a byte (SIMD, whole words): 2x
+        # (width 4) / 4x (width 2) faster than the strided gather, which stays the faster for width 8
+        words = raw.view(_UINT[width])
+        shifted = _scratch(words.size, words.dtype)
+        np.copyto(planes[0], words, casting="unsafe")
+        for index in range(1, width):
+            np.right_shift(words, 8 * index, out=shifted)
+            np.copyto(planes[index], shifted, casting="unsafe")
+        return planes
+    np.copyto(planes, raw.reshape(-1, width).T)  # strided gather: as fast as it gets in numpy for width 8
     return planes
+
+
+def _scratch(count: int, dtype) -> np.ndarray:
+    """A per-thread work array of `count` elements of `dtype` (reused: no fresh pages per chunk)."""
+    found = getattr(_local, "scratch", None)
+    if found is None or found.nbytes < count * np.dtype(dtype).itemsize:
+        found = _local.scratch = np.empty(count * np.dtype(dtype).itemsize, dtype=np.uint8)
+    return found[: count * np.dtype(dtype).itemsize].view(dtype)
 
 
 def ungroup(planes: np.ndarray | list[np.ndarray], width: int, out: np.ndarray) -> None:
     """Write the elements whose byte planes are `planes` into `out` (uint8, width * plane length)."""
     if width == 1 or out.size == 0:
         out[:] = planes[0]
-        return
-    if width in (2, 4) and _LITTLE and out.ctypes.data % width == 0:
-        # little-endian words built by shift-or (SIMD, whole words): 2.5x (width 2) / 1.2x (width 4)
-        # faster than a byte scatter per plane; the byte scatter stays the faster one for width 8
-        words = out.view(_UINT[width])
-        np.copyto(words, planes[-1])
-        for plane in planes[-2::-1]:
-            words <<= 8
-            words |= plane
         return
     view = out.reshape(-1, width)
     for index, plane in enumerate(planes):  # one strided scatter per plane beats a transposed copy
