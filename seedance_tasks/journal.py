@@ -147,8 +147,13 @@ class Journal:
         self._save()
 
     def commit(self, *, external_roots: Collection[str] = ()) -> None:
-        """Pass the point of no return, then publish and retire; safe to call again after a crash."""
+        """Pass the point of no return, then publish and retire; safe to call again after a crash.
+
+        The staged files reach the disk (fsync) before the point of no return, so a power loss
+        after it never leaves a published file empty while what it replaced sits in the trash."""
         if self.state == WRITING:
+            storage.make_durable(self.root.fs, [self.root.join(item["staged"]) for item in self.publishes
+                                                if storage.is_file(self.root.fs, self.root.join(item["staged"]))])
             self.state = PUBLISHING
             try:
                 self._save()

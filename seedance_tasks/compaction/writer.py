@@ -491,7 +491,6 @@ def _attempt(root: Location, plan: PartitionPlan, run_id: str, index: int, token
             writer.write(table)
         outputs = writer.close()
         written_rows, written_bytes = _verify(root, outputs, rows, schema)
-        storage.make_durable(root.fs, [root.join(output["staged"]) for output in outputs])  # before the commit
     except SchemaConflict as conflict:
         skip_reason = str(conflict)
     except _Unverified as failed:

@@ -85,7 +85,8 @@ def test_kill_9_at_random_points_never_loses_or_duplicates_rows(tmp_path, lake):
 
 def test_staged_files_reach_the_disk_before_the_journal_commits(lake, small_settings, monkeypatch):
     """A power loss after the commit must not find empty outputs while the sources sit in the trash:
-    each staged file and its folder are fsynced before its partition's journal commits."""
+    each staged file and its folder are fsynced before its partition's journal passes the point of
+    no return (the journal does it for every pipeline that publishes through it)."""
     import os
 
     from seedance_tasks import journal as journals
@@ -93,18 +94,19 @@ def test_staged_files_reach_the_disk_before_the_journal_commits(lake, small_sett
     from seedance_tasks.compaction.run import compact_dataset
 
     events: list[tuple[str, str]] = []
-    real_fsync, real_commit = os.fsync, journals.Journal.commit
+    real_fsync, real_save = os.fsync, journals.Journal._save
 
     def fsync(descriptor):
         events.append(("fsync", os.readlink(f"/proc/self/fd/{descriptor}")))
         return real_fsync(descriptor)
 
-    def commit(self, *args, **kwargs):
-        events.append(("commit", self.path))
-        return real_commit(self, *args, **kwargs)
+    def save(self, *args, **kwargs):  # the point of no return: the journal saved as publishing
+        if self.state == journals.PUBLISHING:
+            events.append(("commit", self.path))
+        return real_save(self, *args, **kwargs)
 
     monkeypatch.setattr(storage_module.os, "fsync", fsync)
-    monkeypatch.setattr(journals.Journal, "commit", commit)
+    monkeypatch.setattr(journals.Journal, "_save", save)
     report = compact_dataset(str(lake), small_settings)
     assert report["partitions_compacted"] == 3
     commits = [index for index, (kind, _) in enumerate(events) if kind == "commit"]
