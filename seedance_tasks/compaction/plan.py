@@ -2,7 +2,8 @@
 
 A partition (the directory holding the files, e.g. `date=2026-11-01/`) is compacted when it
 has at least two small Parquet files old enough to be finished and rewriting them would leave
-fewer files; everything else stays put, so a compacted lake is left alone by the next run. Hidden files (`_`/`.` prefix) are not data.
+fewer files; everything else stays put, so a compacted lake is left alone by the next run.
+Hidden files (`_`/`.` prefix) are not data.
 """
 
 from __future__ import annotations
