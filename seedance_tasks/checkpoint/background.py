@@ -3,8 +3,10 @@
 One worker thread per process runs the saves one at a time, in call order, so each delta is taken
 against the save before it. At most `max_waiting` copies wait behind the running save: the next
 call blocks until one starts, which bounds the memory held. A save that failed is raised by the
-next `submit` or `wait_all` (and logged when it fails); at interpreter exit the queued saves still
-run to the end. A kill -9 loses only the saves not yet committed: the store stays consistent.
+next `submit` or `wait_all` (and logged when it fails). At interpreter exit (the main thread
+returned or raised) the queued saves run to the end before the thread pools stop taking work: a
+save encodes its chunks on a pool, which refuses new work once the interpreter shuts down. A
+kill -9 loses only the saves not yet committed: the store stays consistent.
 
 The host copies of a finished save are kept (one set) and the next copy of a state with the same
 layout (dtypes, shapes) is written into them: a fresh 160 MB copy faults in 40,000 new pages,
@@ -111,3 +113,14 @@ def wait_all() -> None:
         with _spare_lock:
             _spare.clear()
         _raise_failed()
+
+
+def _finish_at_exit() -> None:
+    """Let the queued saves finish (their errors are logged, not raised: the process is ending)."""
+    wait(list(_queued))
+
+
+# threading's exit hooks run in reverse order of registration, and concurrent.futures registered
+# the one that stops every pool when it was imported (above): this one runs before it
+threading._register_atexit(_finish_at_exit)
+

@@ -121,3 +121,30 @@ def test_save_async_writes_the_next_copy_into_the_finished_saves_buffers(tmp_pat
     ckstore._CACHE.clear()
     for step, state in expected.items():
         assert_same(state, checkpoint.load(store, "r", step), f"step {step}")
+
+
+EXIT_WITH_SAVES_IN_FLIGHT = """
+import sys
+import torch
+from seedance_tasks import checkpoint
+state = {"w": torch.arange(3_000_000, dtype=torch.float32)}
+for step in (2, 4, 6):
+    checkpoint.save_async(state, sys.argv[1], "r", step)
+raise RuntimeError("the main thread dies with saves in flight")
+"""
+
+
+def test_saves_in_flight_when_the_main_thread_dies_are_committed(tmp_path):
+    """A peer's death breaks the training loop with an exception: the process ends, and the saves
+    it queued still commit (they used to fail: their chunk pool refused work at interpreter exit)."""
+    import subprocess
+    import sys
+
+    store = tmp_path / "store"
+    done = subprocess.run([sys.executable, "-c", EXIT_WITH_SAVES_IN_FLIGHT, str(store)], capture_output=True,
+                          text=True, timeout=300, check=False)
+    assert done.returncode == 1 and "saves in flight" in done.stderr
+    assert "failed" not in done.stderr, done.stderr
+    assert checkpoint.latest_step(str(store), "r") == 6
+    for step in (2, 4, 6):
+        assert checkpoint.load(str(store), "r", step)["w"].equal(torch.arange(3_000_000, dtype=torch.float32))
