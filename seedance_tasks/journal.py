@@ -152,8 +152,7 @@ class Journal:
         The staged files reach the disk (fsync) before the point of no return, so a power loss
         after it never leaves a published file empty while what it replaced sits in the trash."""
         if self.state == WRITING:
-            storage.make_durable(self.root.fs, [self.root.join(item["staged"]) for item in self.publishes
-                                                if storage.is_file(self.root.fs, self.root.join(item["staged"]))])
+            storage.make_durable(self.root.fs, [self.root.join(item["staged"]) for item in self.publishes])
             self.state = PUBLISHING
             try:
                 self._save()

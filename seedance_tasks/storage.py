@@ -318,13 +318,16 @@ def write_bytes_atomic(fs: pafs.FileSystem, path: str, data: bytes) -> None:
 
 def make_durable(fs: pafs.FileSystem, paths: list[str]) -> None:
     """Flush the files at `paths` and their folders' entries to the disk (local: fsync), so that a
-    journal committed after this call never points at files a power loss could empty. On S3 an
-    object is durable once its upload completed: nothing to do."""
+    journal committed after this call never points at files a power loss could empty; a path
+    that is gone is skipped. On S3 an object is durable once its upload completed: nothing to do."""
     if not isinstance(fs, pafs.LocalFileSystem):
         return
     folders = set()
     for path in paths:
-        descriptor = os.open(path, os.O_RDONLY)
+        try:
+            descriptor = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:  # already published by an earlier attempt: nothing to flush
+            continue
         try:
             os.fsync(descriptor)
         finally:

@@ -369,14 +369,6 @@ def _watcher(job: dict[str, Any], local_rank: int):
 
 
 @record
-def _finish_saves(checkpoints, rank: int) -> None:
-    """Wait for the background saves still running; a failed one is logged, never raised."""
-    try:
-        checkpoints.drain(wait=True)
-    except Exception as exc:  # noqa: BLE001 - the original error is the one to raise
-        _log(rank, f"a background checkpoint save failed while stopping: {exc}")
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Seedance reference trainer (run by torchrun)")
     parser.add_argument("--job", required=True, help="job file written by `seedance train launch`")
@@ -444,68 +436,60 @@ def main(argv: list[str] | None = None) -> int:
     steps = int(job["steps"])
     loss_fn = nn.CrossEntropyLoss()
     interrupted = None
-    try:
-        for step in range(start, steps):
-            done = step + 1
-            plan = batch_schedule.plan_step(step, sched, world)
-            for group in optimizer.param_groups:
-                group["lr"] = plan.lr
-            began = time.perf_counter()
-            with recorder.step(done):
+    for step in range(start, steps):
+        done = step + 1
+        plan = batch_schedule.plan_step(step, sched, world)
+        for group in optimizer.param_groups:
+            group["lr"] = plan.lr
+        began = time.perf_counter()
+        with recorder.step(done):
 
-                def batch(micro: int, plan=plan, step=step) -> torch.Tensor:
-                    if data is not None:
-                        return data.batch().to(device)
-                    index = micro * world + rank  # the global micro-batch slot this rank fills
-                    return synthetic_tokens(job["seed"], step, index, sched.micro_batch, model_cfg["seq_len"],
-                                            model_cfg["vocab_size"]).to(device)
+            def batch(micro: int, plan=plan, step=step) -> torch.Tensor:
+                if data is not None:
+                    return data.batch().to(device)
+                index = micro * world + rank  # the global micro-batch slot this rank fills
+                return synthetic_tokens(job["seed"], step, index, sched.micro_batch, model_cfg["seq_len"],
+                                        model_cfg["vocab_size"]).to(device)
 
-                local_loss, skipped = train_step(ddp, optimizer, precision, batch, plan.accumulation, loss_fn, recorder)
-                with recorder.phase("collective"):
-                    # one all-reduce: the loss, whether any rank was asked to stop, whether rank 0 saves now
-                    wants_save = checkpoints.due(done, time.perf_counter() - began)
-                    asked = [float(watcher.reason == reason) for reason in STOP_REASONS]
-                    flags = torch.cat([local_loss.float().reshape(1),
-                                       torch.tensor([*asked, float(wants_save)], device=device)])
-                    dist.all_reduce(flags)
-                    reduced = flags.tolist()
-                global_loss = float(reduced[0] / world)
-                stops = [reason for reason, count in zip(STOP_REASONS, reduced[1:-1], strict=True) if count > 0]
-                stop, save_now = bool(stops), reduced[-1] > 0
-                if checkpoints.enabled and (save_now or stop) and rank == 0:
-                    with recorder.phase("checkpoint"):
-                        state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": done,
-                                 "world": world, "schedule": plan.to_dict()}
-                        if precision.scaler is not None:
-                            state["scaler"] = precision.state_dict()
-                        checkpoints.save(state, done, global_loss)
-            if rank == 0:
-                line = {"step": done, "loss": global_loss, "lr": plan.lr, "global_batch": plan.global_batch,
-                        "accumulation": plan.accumulation, "world": world, "attempt": attempt,
-                        "seconds": round(time.perf_counter() - began, 4)}
-                if precision.scaler is not None:
-                    line.update(loss_scale=precision.loss_scale, skipped=skipped)
-                _metrics_line(metrics, line)
-                _log(rank, f"step {done}/{steps} loss {global_loss:.5f} batch {plan.global_batch} "
-                           f"(accum {plan.accumulation}) lr {plan.lr:.3g}" + (" SKIPPED (overflow)" if skipped else ""))
-                checkpoints.drain()
-            if stop:
-                interrupted = {"step": done, "reason": "+".join(stops), "notice": watcher.notice}
-                break
-            if done == fail_at and rank == fail_rank and attempt == 0:
-                _log(rank, f"{FAIL_AT_ENV}={fail_at}: killing myself with SIGKILL")
-                os.kill(os.getpid(), signal.SIGKILL)
-            if done == hang_at and rank == fail_rank and attempt == 0:
-                _log(rank, f"{HANG_AT_ENV}={hang_at}: hanging (the other ranks wait in the next collective)")
-                while True:
-                    time.sleep(60)
-    except BaseException:
-        # a peer died (the collective raised) or worse: the saves still in flight finish first,
-        # before the interpreter's shutdown stops the thread pools they need (they failed with
-        # "cannot schedule new futures after shutdown", and the restart resumed from an older step)
+            local_loss, skipped = train_step(ddp, optimizer, precision, batch, plan.accumulation, loss_fn, recorder)
+            with recorder.phase("collective"):
+                # one all-reduce: the loss, whether any rank was asked to stop, whether rank 0 saves now
+                wants_save = checkpoints.due(done, time.perf_counter() - began)
+                asked = [float(watcher.reason == reason) for reason in STOP_REASONS]
+                flags = torch.cat([local_loss.float().reshape(1),
+                                   torch.tensor([*asked, float(wants_save)], device=device)])
+                dist.all_reduce(flags)
+                reduced = flags.tolist()
+            global_loss = float(reduced[0] / world)
+            stops = [reason for reason, count in zip(STOP_REASONS, reduced[1:-1], strict=True) if count > 0]
+            stop, save_now = bool(stops), reduced[-1] > 0
+            if checkpoints.enabled and (save_now or stop) and rank == 0:
+                with recorder.phase("checkpoint"):
+                    state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": done,
+                             "world": world, "schedule": plan.to_dict()}
+                    if precision.scaler is not None:
+                        state["scaler"] = precision.state_dict()
+                    checkpoints.save(state, done, global_loss)
         if rank == 0:
-            _finish_saves(checkpoints, rank)
-        raise
+            line = {"step": done, "loss": global_loss, "lr": plan.lr, "global_batch": plan.global_batch,
+                    "accumulation": plan.accumulation, "world": world, "attempt": attempt,
+                    "seconds": round(time.perf_counter() - began, 4)}
+            if precision.scaler is not None:
+                line.update(loss_scale=precision.loss_scale, skipped=skipped)
+            _metrics_line(metrics, line)
+            _log(rank, f"step {done}/{steps} loss {global_loss:.5f} batch {plan.global_batch} "
+                       f"(accum {plan.accumulation}) lr {plan.lr:.3g}" + (" SKIPPED (overflow)" if skipped else ""))
+            checkpoints.drain()
+        if stop:
+            interrupted = {"step": done, "reason": "+".join(stops), "notice": watcher.notice}
+            break
+        if done == fail_at and rank == fail_rank and attempt == 0:
+            _log(rank, f"{FAIL_AT_ENV}={fail_at}: killing myself with SIGKILL")
+            os.kill(os.getpid(), signal.SIGKILL)
+        if done == hang_at and rank == fail_rank and attempt == 0:
+            _log(rank, f"{HANG_AT_ENV}={hang_at}: hanging (the other ranks wait in the next collective)")
+            while True:
+                time.sleep(60)
     if rank == 0:
         checkpoints.drain(wait=True)  # every save committed before anyone exits
     recorder.close()
