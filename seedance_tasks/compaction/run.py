@@ -19,9 +19,10 @@ from decimal import Decimal
 import pyarrow.fs as pafs
 
 from seedance_tasks import journal, lease, storage
+from seedance_tasks.arrow_memory import reusing_memory
 from seedance_tasks.compaction.plan import CompactionPlan, plan_compaction
 from seedance_tasks.compaction.settings import CompactionSettings
-from seedance_tasks.compaction.writer import JOURNAL_KIND, compact_partition, journal_prefix, reusing_memory
+from seedance_tasks.compaction.writer import JOURNAL_KIND, compact_partition, journal_prefix
 from seedance_tasks.errors import InputError, UsageError
 from seedance_tasks.storage import Location
 

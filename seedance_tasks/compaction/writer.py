@@ -13,9 +13,7 @@ import errno
 import os
 import posixpath
 import secrets
-import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 
 import pyarrow as pa
@@ -63,43 +61,6 @@ class PartitionResult:
     rows: int = 0
     outputs: list[str] = field(default_factory=list)
     quarantined: list[dict] = field(default_factory=list)
-
-
-_pool_lock = threading.Lock()
-_pool_users = 0
-_pool_before: pa.MemoryPool | None = None
-
-
-@contextmanager
-def reusing_memory() -> Iterator[None]:
-    """Route pyarrow's allocations through its jemalloc pool while compactions run; restored after.
-
-    Compaction allocates and frees a row group's worth of buffers over and over. The default
-    (mimalloc) pool returns freed pages to the kernel within milliseconds, so every read faults
-    in and zeroes fresh pages (a fifth of the CPU time in the profile in docs/compaction.md);
-    jemalloc keeps freed pages for reuse for a while. A buffer is always freed to the pool that
-    allocated it, so switching back is safe with buffers still alive. Nested and concurrent uses
-    share one switch. Without jemalloc in this pyarrow build, nothing changes.
-    """
-    global _pool_users, _pool_before
-    with _pool_lock:
-        if _pool_users == 0:
-            try:
-                pool = pa.jemalloc_memory_pool()
-            except NotImplementedError:
-                pool = None
-            _pool_before = pa.default_memory_pool() if pool is not None else None
-            if pool is not None:
-                pa.set_memory_pool(pool)
-        _pool_users += 1
-    try:
-        yield
-    finally:
-        with _pool_lock:
-            _pool_users -= 1
-            if _pool_users == 0 and _pool_before is not None:
-                pa.set_memory_pool(_pool_before)
-                _pool_before = None
 
 
 def _open(root: Location, source: SourceFile) -> pq.ParquetFile:

@@ -19,15 +19,16 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
 from fractions import Fraction
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from seedance_tasks import storage
-from seedance_tasks.cost.ingest import CARRIED_MONEY, DICT, LINES, TS
-from seedance_tasks.cost.money import MONEY, ZERO, fmt, largest_remainder
+from seedance_tasks.arrow_memory import reusing_memory
+from seedance_tasks.cost.ingest import CARRIED_MONEY, DICT, LINES, TS, nulls
+from seedance_tasks.cost.money import MONEY, ZERO, exact_sums, fmt, largest_remainder
 from seedance_tasks.cost.owners import (
     Match,
     OwnersFile,
@@ -186,13 +187,27 @@ class _Codes:
         return pa.DictionaryArray.from_arrays(codes, pa.array(self.values, pa.string()))
 
 
-@dataclass
-class _TagInfo:
+class _TagInfo(NamedTuple):
+    """What one distinct Tags string decides (a tuple: the collector stops tracking it once its
+    fields are plain values, and a month holds one per distinct string)."""
+
     owner: int | None  # code
     source: int | None  # code of "tag:<key>"
     conflict: int | None  # code
-    tags: dict[str, str] | None
+    tags: dict[str, str] | None  # kept only where a rule matches on tags
     malformed: bool
+
+
+@dataclass
+class _Decision:
+    """A batch's attribution as numpy codes, before any Arrow column is built."""
+
+    index: np.ndarray  # per line: its Tags value's position in the dictionary (null: one past the end)
+    owner: np.ndarray  # per line: owner code, -1 for none
+    source: np.ndarray | None  # per line: code of the owner's source, -1 for none (None: not asked for)
+    conflict_per_value: np.ndarray  # per Tags value: conflict code, -1 for none
+    shared: np.ndarray | None  # per line: the shared rule splitting it, -1 for none; None if no line is split
+    cache: dict  # per-column dictionary indices already computed
 
 
 class Attributor:
@@ -208,7 +223,9 @@ class Attributor:
         self.basis = basis
         self.splits = splits or {}
         self._tags: dict[str, _TagInfo] = {}
+        self._keep_tags = any(rule.match.tag for rule in [*owners.rules, *owners.shared])
         self.malformed_tags: list[int] = []
+        self._lock = threading.Lock()
         self.owner_codes, self.source_codes, self.conflict_codes = _Codes(), _Codes(), _Codes()
         self.rule_codes = [(rule, self.owner_codes.code(rule.owner), self.source_codes.code(f"rule:{rule.id}"))
                            for rule in owners.rules]
@@ -234,7 +251,7 @@ class Attributor:
                 tags, malformed = None, True
             owner, key, conflict = tag_owner(tags, self.keys)
             info = _TagInfo(self.owner_codes.code(owner), self.source_codes.code(f"tag:{key}" if owner else None),
-                            self.conflict_codes.code(conflict), tags, malformed)
+                            self.conflict_codes.code(conflict), tags if self._keep_tags else None, malformed)
             if len(self._tags) >= _CACHE_LIMIT:
                 self._tags.clear()
             self._tags[text] = info
@@ -278,12 +295,9 @@ class Attributor:
         assert result is not None  # a Match has at least one condition
         return result
 
-    def attribute(self, batch: pa.RecordBatch) -> list[pa.RecordBatch]:
-        """`batch` (LINES) as ALLOCATIONS batches: owner, its source, conflicts, then shared splits.
-
-        Decisions are made per distinct value (tag string, account, service...) and broadcast to
-        rows through their dictionary indices (numpy); CMDB rules look only at rows still unowned.
-        """
+    def _decide(self, batch: pa.RecordBatch, sources: bool = True) -> _Decision:
+        """Each line's owner, its source (unless not `sources`) and tag conflict, and its shared
+        rule, as numpy codes."""
         length = len(batch)
         cache: dict = {}
         tags = batch.column("Tags")
@@ -294,9 +308,10 @@ class Attributor:
         if any(info.malformed for info in infos):
             bad = np.array([info.malformed for info in infos] + [False])[index]
             rows = batch.column("x_Row").filter(pa.array(bad)).to_pylist()
-            self.malformed_tags.extend(rows[: max(0, 1000 - len(self.malformed_tags))])
+            with self._lock:
+                self.malformed_tags.extend(rows[: max(0, 1000 - len(self.malformed_tags))])
         owner = _codes(info.owner for info in infos)[index]
-        source = _codes(info.source for info in infos)[index]
+        source = _codes(info.source for info in infos)[index] if sources else None
         conflict_per_value = _codes(info.conflict for info in infos)
 
         for rule, owner_code, source_code in self.rule_codes:
@@ -305,32 +320,80 @@ class Attributor:
                 break
             hit = unowned[self._condition(batch, rule.match, unowned, rule.valid_from, rule.valid_to, cache)]
             owner[hit] = owner_code
-            source[hit] = source_code
+            if source is not None:
+                source[hit] = source_code
 
-        shared = np.full(length, -1, np.int32)
+        shared = None
         for number, rule in enumerate(self.owners.shared):
             if rule.id in self.splits:
+                if shared is None:
+                    shared = np.full(length, -1, np.int32)
                 free = shared < 0
                 shared[free & self._condition(batch, rule.match, None, rule.valid_from, rule.valid_to, cache)] = number
+        if shared is not None and not (shared >= 0).any():
+            shared = None
+        return _Decision(index, owner, source, conflict_per_value, shared, cache)
 
+    def attribute(self, batch: pa.RecordBatch) -> list[pa.RecordBatch]:
+        """`batch` (LINES) as ALLOCATIONS batches: owner, its source, conflicts, then shared splits.
+
+        Decisions are made per distinct value (tag string, account, service...) and broadcast to
+        rows through their dictionary indices (numpy); CMDB rules look only at rows still unowned.
+        """
+        return self._allocations(batch, self._decide(batch))
+
+    def _allocations(self, batch: pa.RecordBatch, decision: _Decision) -> list[pa.RecordBatch]:
+        length = len(batch)
+        conflict_per_value, index = decision.conflict_per_value, decision.index
         schema = allocations_schema(batch.schema)
         columns = {name: batch.column(name) for name in batch.schema.names}
         columns.update(
-            x_Cost=batch.column(self.basis), x_Owner=self.owner_codes.array(_arrow_codes(owner)),
-            x_OwnerSource=self.source_codes.array(_arrow_codes(source)),
-            x_TagConflict=(pa.nulls(length, DICT) if (conflict_per_value < 0).all()
+            x_Cost=batch.column(self.basis), x_Owner=self.owner_codes.array(_arrow_codes(decision.owner)),
+            x_OwnerSource=self.source_codes.array(_arrow_codes(decision.source)),
+            x_TagConflict=(nulls(length, DICT) if (conflict_per_value < 0).all()
                            else self.conflict_codes.array(_arrow_codes(conflict_per_value[index]))),
-            AllocatedMethodId=pa.nulls(length, DICT), AllocatedMethodDetails=pa.nulls(length, DICT),
-            AllocatedResourceId=pa.nulls(length, pa.string()), AllocatedResourceName=pa.nulls(length, pa.string()),
-            AllocatedTags=pa.nulls(length, DICT),
+            AllocatedMethodId=nulls(length, DICT), AllocatedMethodDetails=nulls(length, DICT),
+            AllocatedResourceId=nulls(length, pa.string()), AllocatedResourceName=nulls(length, pa.string()),
+            AllocatedTags=nulls(length, DICT),
         )
         out = pa.RecordBatch.from_arrays([columns[name] for name in schema.names], schema=schema)
-        is_shared = shared >= 0
-        if not is_shared.any():
+        if decision.shared is None:
             return [out]
+        is_shared = decision.shared >= 0
         plain = out.filter(pa.array(~is_shared))
-        rule_ids = [self.owners.shared[number].id for number in shared[is_shared]]
+        rule_ids = [self.owners.shared[number].id for number in decision.shared[is_shared]]
         return [plain, self._split(out.filter(pa.array(is_shared)), rule_ids)]
+
+    def totals(self, batch: pa.RecordBatch) -> Partial:
+        """What `batch` (LINES) adds to the month's totals (`Totals.fold`), without building its
+        allocated lines unless a shared rule splits some: the same sums as `Totals.add` over
+        `attribute(batch)`. Safe to call from several threads at once."""
+        if self.splits:  # shared lines are split line by line: their allocated lines are built
+            return Partial.merged([Partial.of(out) for out in self.attribute(batch)])
+        decision = self._decide(batch, sources=False)
+        owners = len(self.owner_codes.values)  # every code of this batch is below: codes only grow
+        # owner code + 1 indexes [None, *owners]: no line's code is below -1
+        labels = [_labels(batch.column("BillingCurrency")), [None, *self.owner_codes.values[:owners]],
+                  _labels(batch.column("ServiceName"))]
+        kind = np.int32 if len(labels[0]) * len(labels[1]) * len(labels[2]) < 2**31 else np.int64
+        keys = _value_index(batch.column("BillingCurrency"), decision.cache, "BillingCurrency").astype(kind)
+        keys *= len(labels[1])
+        keys += decision.owner
+        keys += 1
+        keys *= len(labels[2])
+        keys += _value_index(batch.column("ServiceName"), decision.cache, "ServiceName")
+        partial = Partial(lines=len(batch), groups=_group_sums(keys, labels, batch.column(self.basis), batch))
+        if (decision.conflict_per_value >= 0).any():
+            conflicts = decision.conflict_per_value[decision.index]
+            has = conflicts >= 0
+            partial.conflicts = int(has.sum())
+            rows = np.flatnonzero(has)[:100]
+            partial.conflict_sample = [
+                {"row": row, "tags": json.loads(self.conflict_codes.values[code])}
+                for row, code in zip(batch.column("x_Row").take(pa.array(rows)).to_pylist(), conflicts[rows].tolist(),
+                                     strict=True)]
+        partial.estimated = bool(pc.any(batch.column("x_Estimated")).as_py())
+        return partial
 
     def _split(self, lines: pa.RecordBatch, rule_ids: list[str]) -> pa.RecordBatch:
         rows: list[dict[str, Any]] = []
@@ -352,6 +415,106 @@ class Attributor:
 
 
 @dataclass
+class Partial:
+    """One batch's contribution to `Totals`: its sums per (currency, owner, service) and its
+    conflicts. Made on any thread; folded in order by one (`Totals.fold`)."""
+
+    lines: int = 0
+    groups: list[tuple[str, str | None, str | None, Decimal, Decimal, Decimal]] = field(default_factory=list)
+    conflicts: int = 0
+    conflict_sample: list[dict[str, Any]] = field(default_factory=list)
+    estimated: bool = False
+
+    @classmethod
+    def of(cls, batch: pa.RecordBatch) -> Partial:
+        """The sums of an ALLOCATIONS batch (x_Owner attributed)."""
+        partial = cls(lines=len(batch))
+        if not len(batch):
+            return partial
+        # one hash aggregation on an int64 key (currency, owner, service codes) gives both views
+        cache: dict = {}
+        keys, labels = np.zeros(len(batch), np.int64), []
+        for name in ("BillingCurrency", "x_Owner", "ServiceName"):
+            column = batch.column(name)
+            values = _labels(column)
+            keys = keys * len(values) + _value_index(column, cache, name)
+            labels.append(values)
+        partial.groups = _group_sums(keys, labels, batch.column("x_Cost"), batch)
+        conflicts = batch.column("x_TagConflict")
+        if conflicts.null_count < len(conflicts):
+            has = pc.is_valid(conflicts)
+            partial.conflicts = pc.sum(has).as_py()
+            picked = batch.filter(has).slice(0, 100)
+            partial.conflict_sample = [
+                {"row": row, "tags": json.loads(conflict)} for row, conflict in zip(
+                    picked.column("x_Row").to_pylist(), picked.column("x_TagConflict").to_pylist(), strict=True)]
+        partial.estimated = bool(pc.any(batch.column("x_Estimated")).as_py())
+        return partial
+
+    @classmethod
+    def merged(cls, partials: list[Partial]) -> Partial:
+        """One partial holding all of `partials` (in order)."""
+        total = cls()
+        for partial in partials:
+            total.lines += partial.lines
+            total.groups.extend(partial.groups)
+            total.conflicts += partial.conflicts
+            total.conflict_sample.extend(partial.conflict_sample[: max(0, 100 - len(total.conflict_sample))])
+            total.estimated = total.estimated or partial.estimated
+        return total
+
+
+def _labels(column: pa.Array) -> list:
+    """The distinct values of a column in `_value_index` order, and None last (null rows)."""
+    return (column.dictionary if pa.types.is_dictionary(column.type)
+            else pc.dictionary_encode(column).dictionary).to_pylist() + [None]
+
+
+def _group_sums(keys: np.ndarray, labels: list[list], cost: pa.Array,
+                batch: pa.RecordBatch) -> list[tuple[str, str | None, str | None, Decimal, Decimal, Decimal]]:
+    """Exact sums of `cost`, BilledCost and EffectiveCost per key present, a key being
+    (currency * len(owners) + owner) * len(services) + service over the `labels` lists."""
+    columns = {"cost": cost}
+    # a column that is all null (not read) or the very cost column again (the basis) is not summed twice
+    for name, column in (("billed", batch.column("BilledCost")), ("effective", batch.column("EffectiveCost"))):
+        if column.null_count < len(column) and not _same(column, cost):
+            columns[name] = column
+    owners, services = len(labels[1]), len(labels[2])
+    size = len(labels[0]) * owners * services
+    found = _dense_sums(keys, size, columns) if size <= _DENSE_KEYS else None
+    if found is None:  # Arrow's hash aggregation: any key range, any decimal
+        grouped = pa.table({"key": keys, **columns}).group_by("key", use_threads=False).aggregate(
+            [(name, "sum") for name in columns])
+        found = grouped.column("key").to_pylist(), {name: grouped.column(f"{name}_sum").to_pylist()
+                                                     for name in columns}
+    present, sums = found
+    cost_sums = sums["cost"]
+    billed = sums.get("billed", cost_sums if _same(batch.column("BilledCost"), cost) else [None] * len(present))
+    effective = sums.get("effective", cost_sums if _same(batch.column("EffectiveCost"), cost)
+                         else [None] * len(present))
+    return [(labels[0][key // (owners * services)], labels[1][key // services % owners], labels[2][key % services],
+             total or ZERO, billed_total or ZERO, effective_total or ZERO)  # an unread column sums to null
+            for key, total, billed_total, effective_total in zip(present, cost_sums, billed, effective, strict=True)]
+
+
+_DENSE_KEYS = 1 << 20
+
+
+def _dense_sums(keys: np.ndarray, size: int, columns: dict[str, pa.Array]
+                ) -> tuple[list[int], dict[str, list[Decimal]]] | None:
+    """The keys present and each column's exact sum per key, by integer adds over a dense table of
+    `size` keys; None where a column does not allow it (`money.exact_sums`)."""
+    present = np.flatnonzero(np.bincount(keys, minlength=size))
+    sums = {}
+    for name, column in columns.items():
+        totals = exact_sums(keys, size, column, present)
+        if totals is None:
+            return None
+        sums[name] = totals
+    return present.tolist(), sums
+
+
+@dataclass
 class Totals:
     """Running per-currency totals of a month: by owner (None = unallocated) and by service."""
 
@@ -364,54 +527,20 @@ class Totals:
 
     def add(self, batch: pa.RecordBatch) -> None:
         """Fold one ALLOCATIONS batch in (exact decimal sums)."""
-        if not len(batch):
-            return
-        self.lines += len(batch)
-        # one hash aggregation on an int64 key (currency, owner, service codes) gives both views
-        cache: dict = {}
-        keys, labels = np.zeros(len(batch), np.int64), []
-        for name in ("BillingCurrency", "x_Owner", "ServiceName"):
-            column = batch.column(name)
-            index = _value_index(column, cache, name)
-            values = (column.dictionary if pa.types.is_dictionary(column.type)
-                      else pc.dictionary_encode(column).dictionary).to_pylist() + [None]
-            keys = keys * len(values) + index
-            labels.append(values)
-        # a column that is all null (not read) or the very cost column again (the basis) is not summed twice
-        cost = batch.column("x_Cost")
-        sums = {"cost": cost}
-        for name, column in (("billed", batch.column("BilledCost")), ("effective", batch.column("EffectiveCost"))):
-            if column.null_count < len(column) and not _same(column, cost):
-                sums[name] = column
-        grouped = pa.table({"key": keys, **sums}).group_by("key", use_threads=False).aggregate(
-            [(name, "sum") for name in sums])
-        length = grouped.num_rows
-        results = {name: grouped.column(f"{name}_sum").to_pylist() if name in sums else
-                   grouped.column("cost_sum").to_pylist() if _same(column, cost) else [None] * length
-                   for name, column in (("cost", cost), ("billed", batch.column("BilledCost")),
-                                        ("effective", batch.column("EffectiveCost")))}
-        services, owners = len(labels[2]), len(labels[1])
-        for key, cost, billed, effective in zip(grouped.column("key").to_pylist(), results["cost"], results["billed"],
-                                                results["effective"], strict=True):
-            currency, owner = labels[0][key // (owners * services)], labels[1][key // services % owners]
-            service = labels[2][key % services]
-            cost, billed, effective = cost or ZERO, billed or ZERO, effective or ZERO  # unread column: null
+        self.fold(Partial.of(batch))
+
+    def fold(self, partial: Partial) -> None:
+        """Add `partial` (one batch's sums) to the running totals."""
+        self.lines += partial.lines
+        for currency, owner, service, cost, billed, effective in partial.groups:
             sums = self.by_owner.setdefault((currency, owner), [ZERO, ZERO, ZERO])
             sums[0] += cost
             sums[1] += billed
             sums[2] += effective
             self.by_service[(currency, service)] = self.by_service.get((currency, service), ZERO) + cost
-        conflicts = batch.column("x_TagConflict")
-        if conflicts.null_count < len(conflicts):
-            has = pc.is_valid(conflicts)
-            self.conflicts += pc.sum(has).as_py()
-            if len(self.conflict_sample) < 100:
-                picked = batch.filter(has).slice(0, 100 - len(self.conflict_sample))
-                for row, conflict in zip(picked.column("x_Row").to_pylist(),
-                                         picked.column("x_TagConflict").to_pylist(), strict=True):
-                    self.conflict_sample.append({"row": row, "tags": json.loads(conflict)})
-        if not self.estimated and pc.any(batch.column("x_Estimated")).as_py():
-            self.estimated = True
+        self.conflicts += partial.conflicts
+        self.conflict_sample.extend(partial.conflict_sample[: max(0, 100 - len(self.conflict_sample))])
+        self.estimated = self.estimated or partial.estimated
 
     def currencies(self) -> dict[str, dict[str, Any]]:
         """{currency: {total, by_owner, unallocated, billed_total, effective_total}} as Decimals, sorted."""
@@ -479,17 +608,17 @@ def allocate_month(uri: str, owners: OwnersFile, month: str, basis: str = "Effec
     is bounded by the batch size (nothing but the running totals is kept). The pipeline's stages
     do the same plus validation of every column, outputs and invoice reconciliation.
     """
-    from seedance_tasks.cost.ingest import month_bounds, read_focus
+    from seedance_tasks.cost.ingest import focus_chunks, month_bounds
     from seedance_tasks.parallel import ordered_map
 
     start, end = month_bounds(month)
     attributor = Attributor(owners, basis, splits)
     totals = Totals()
-    batches = read_focus(uri, batch_rows=batch_rows, columns=attributor.needed_columns(),
-                         costs=tuple(sorted({basis, *(("BilledCost", "EffectiveCost") if splits else ())})))
-    # the next batch is read and parsed while the previous ones are attributed (both cores busy)
-    for outs in ordered_map(lambda item: attributor.attribute(in_month(item[0], start, end)), batches,
-                            threads=2, ahead=2, name="cost-attribute"):
-        for out in outs:
-            totals.add(out)
+    chunks = focus_chunks(uri, batch_rows=batch_rows, columns=attributor.needed_columns(),
+                          costs=tuple(sorted({basis, *(("BilledCost", "EffectiveCost") if splits else ())})))
+    # the file is read here while both cores normalise, attribute and sum the batches read before
+    with reusing_memory():
+        for partial in ordered_map(lambda chunk: attributor.totals(in_month(chunk.lines()[0], start, end)), chunks,
+                                   threads=2, ahead=3, name="cost-attribute"):
+            totals.fold(partial)
     return totals

@@ -10,10 +10,12 @@ excluded). A malformed line never stops the run. Memory is bounded by the batch 
 from __future__ import annotations
 
 import csv
+import functools
 import io
 import json
 import posixpath
 from collections.abc import Iterator
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -23,7 +25,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from seedance_tasks import storage
-from seedance_tasks.cost.money import LIMIT, MAX_DIGITS, MONEY, float_amount, parse_amount
+from seedance_tasks.cost.money import LIMIT, MAX_DIGITS, MONEY, decimals_as_money, float_amount, parse_amount
 from seedance_tasks.errors import InputError, UsageError
 
 TS = pa.timestamp("us", tz="UTC")
@@ -142,6 +144,9 @@ def _money(values: pa.Array) -> tuple[pa.Array, dict[int, str]]:
     parse = lambda item: parse_amount(str(item))  # noqa: E731
     if pa.types.is_floating(values.type):
         values, parse = _shortest_repr(values), lambda item: float_amount(float(item))
+    fast = decimals_as_money(values)
+    if fast is not None:
+        return fast, {}
     try:
         money = pc.cast(values, MONEY)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
@@ -272,6 +277,14 @@ def _blank_as_null(values: pa.Array) -> pa.Array:
     return pc.if_else(blank, pa.scalar(None, values.type), values)
 
 
+@functools.lru_cache(maxsize=8)
+def nulls(length: int, kind: pa.DataType) -> pa.Array:
+    """An all-null array of `length` values of `kind`, shared between calls (Arrow arrays are
+    immutable): every batch of a run has a few columns that were not read, mostly of one length.
+    The few kept hold at most ~70 MB (8 of the widest, decimal128, at 500,000 rows)."""
+    return pa.nulls(length, kind)
+
+
 def as_dict(values: pa.Array) -> pa.Array:
     """`values` as dictionary<int32, string> (Parquet's dictionary pages come through as is)."""
     if pa.types.is_dictionary(values.type):
@@ -342,7 +355,7 @@ def normalise(
     out["BillingCurrency"] = currency
     for name in ("BilledCost", "EffectiveCost"):
         if name not in costs:
-            out[name] = pa.nulls(length, MONEY)
+            out[name] = nulls(length, MONEY)
             continue
         note_nulls(columns[name], name)
         out[name], bad = _money(columns[name])
@@ -354,15 +367,15 @@ def normalise(
             note(index, "ChargePeriodEnd", f"malformed ChargePeriodEnd: {reason}")
     for name in carry:
         if name not in columns:
-            out[carried_name(name)] = pa.nulls(length, carried_type(name))
+            out[carried_name(name)] = nulls(length, carried_type(name))
             continue
         out[carried_name(name)], bad = _carried(columns[name], name)
         for index, reason in bad.items():
             note(index, name, f"malformed {name}: {reason}")
     for name in DICT_COLUMNS:
-        out[name] = as_dict(columns[name]) if name in columns else pa.nulls(length, DICT)
+        out[name] = as_dict(columns[name]) if name in columns else nulls(length, DICT)
     for name in PLAIN_COLUMNS:
-        out[name] = _text(columns[name]) if name in columns else pa.nulls(length, pa.string())
+        out[name] = _text(columns[name]) if name in columns else nulls(length, pa.string())
     estimated = columns.get("x_Estimated")
     if estimated is None:
         out["x_Estimated"] = pa.array(np.zeros(length, bool))
@@ -481,6 +494,54 @@ def _parquet_batches(fs, path: str, source: str, batch_rows: int, columns: list[
         handle.close()
 
 
+@dataclass(frozen=True)
+class FocusChunk:
+    """One batch of a FOCUS file's columns as read, before `normalise` (which `lines` runs).
+
+    Reading is sequential; normalising a chunk needs nothing from the others, so chunks can be
+    normalised on any thread (`allocate_month` does, on both cores).
+    """
+
+    columns: dict[str, pa.Array]
+    first_row: int
+    source: str
+    default_currency: str | None
+    costs: tuple[str, ...]
+    carry: tuple[str, ...]
+
+    def lines(self) -> tuple[pa.RecordBatch, Rejected]:
+        """The chunk as LINES and its rejected rows; an unreadable value is an InputError naming the file."""
+        try:
+            return normalise(self.columns, self.first_row, self.source, default_currency=self.default_currency,
+                             costs=self.costs, carry=self.carry)
+        except pa.ArrowInvalid as exc:
+            raise InputError(f"{self.source}: unreadable billing file ({exc})", hint="check the file's format") from None
+
+
+def focus_chunks(
+    uri: str, *, batch_rows: int = 500_000, default_currency: str | None = None, columns: list[str] | None = None,
+    costs: tuple[str, ...] = ("BilledCost", "EffectiveCost"), carry: list[str] | tuple[str, ...] = (),
+) -> Iterator[FocusChunk]:
+    """The FOCUS files at `uri` (CSV, plain or .gz, or Parquet; a file or a folder, local or S3)
+    as chunks of at most `batch_rows` rows, in file order; see `read_focus` for the arguments."""
+    base = {"ChargePeriodStart", "BillingCurrency", *costs}
+    wanted = READ_COLUMNS if columns is None else [name for name in READ_COLUMNS if name in {*base, *columns}]
+    wanted = [*wanted, *(name for name in carry if name not in wanted)]
+    for location, path in billing_files(uri):
+        source = posixpath.basename(path) if location.path == path else location.relative(path)
+        raw = _parquet_batches if path.endswith(".parquet") else _csv_batches
+        first = 1
+        try:
+            for read in raw(location.fs, path, source, batch_rows, wanted):
+                yield FocusChunk(read, first, source, default_currency, tuple(costs), tuple(carry))
+                first += len(next(iter(read.values())))
+        except (pa.ArrowInvalid, OSError) as exc:
+            raise InputError(f"{source}: unreadable billing file ({exc})", hint="check the file's format") from None
+        if first == 1 and not _has_columns(location.fs, path, source, base, raw):
+            raise InputError(f"{source}: none of the FOCUS columns {', '.join(sorted(base))} found",
+                             hint="is this a FOCUS file? CUR 2.0 exports need --format cur")
+
+
 def read_focus(
     uri: str, *, batch_rows: int = 500_000, default_currency: str | None = None, columns: list[str] | None = None,
     costs: tuple[str, ...] = ("BilledCost", "EffectiveCost"), carry: list[str] | tuple[str, ...] = (),
@@ -491,24 +552,9 @@ def read_focus(
     are); the others come back null. `carry` (see `carried_columns`) adds source columns kept
     as they are, for a FOCUS output (`lines_schema(carry)`).
     """
-    base = {"ChargePeriodStart", "BillingCurrency", *costs}
-    wanted = READ_COLUMNS if columns is None else [name for name in READ_COLUMNS if name in {*base, *columns}]
-    wanted = [*wanted, *(name for name in carry if name not in wanted)]
-    for location, path in billing_files(uri):
-        source = posixpath.basename(path) if location.path == path else location.relative(path)
-        raw = _parquet_batches if path.endswith(".parquet") else _csv_batches
-        first = 1
-        try:
-            for columns in raw(location.fs, path, source, batch_rows, wanted):
-                batch, rejected = normalise(columns, first, source, default_currency=default_currency, costs=costs,
-                                            carry=carry)
-                first += len(next(iter(columns.values())))
-                yield batch, rejected
-        except (pa.ArrowInvalid, OSError) as exc:
-            raise InputError(f"{source}: unreadable billing file ({exc})", hint="check the file's format") from None
-        if first == 1 and not _has_columns(location.fs, path, source, base, raw):
-            raise InputError(f"{source}: none of the FOCUS columns {', '.join(sorted(base))} found",
-                             hint="is this a FOCUS file? CUR 2.0 exports need --format cur")
+    for chunk in focus_chunks(uri, batch_rows=batch_rows, default_currency=default_currency, columns=columns,
+                              costs=costs, carry=carry):
+        yield chunk.lines()
 
 
 def _has_columns(fs, path: str, source: str, base: set[str], raw) -> bool:

@@ -10,6 +10,7 @@ from decimal import ROUND_HALF_EVEN, Context, Decimal, localcontext
 from fractions import Fraction
 from typing import Any, TypeVar
 
+import numpy as np
 import pyarrow as pa
 
 SCALE = 12
@@ -38,6 +39,63 @@ def exact(func: F) -> F:
             return func(*args, **kwargs)
 
     return wrapper  # type: ignore[return-value]
+
+
+def unscaled(values: pa.Array) -> tuple[np.ndarray, int, int] | None:
+    """The unscaled integers (amount * 10**scale) of a decimal128 array as an int64 view of its
+    buffer, with their least and greatest; None where one needs more than 64 bits (or the array is
+    not decimal128 at offset 0, or is empty). Null slots may hold any bits: they only make this
+    decline."""
+    if not pa.types.is_decimal128(values.type) or values.offset or len(values) == 0:
+        return None
+    words = np.frombuffer(values.buffers()[1], np.int64, count=2 * len(values))
+    low = words[0::2]
+    if not np.array_equal(words[1::2], low >> 63):  # the high word is only the sign's extension
+        return None
+    return low, int(low.min()), int(low.max())
+
+
+def decimals_as_money(values: pa.Array) -> pa.Array | None:
+    """decimal128 `values` of at most SCALE places as MONEY, exactly, or None where this fast path
+    does not apply (the caller then casts with Arrow, which checks every value).
+
+    Applies when every unscaled value, rescaled to SCALE places, fits an int64 (|amount| below
+    9.2e18 / 10**SCALE): then the rescale is one integer multiply per value, and every amount is
+    within LIMIT.
+    """
+    if not pa.types.is_decimal128(values.type) or values.type.scale > SCALE:
+        return None
+    found = unscaled(values)
+    if found is None:
+        return None
+    words, least, greatest = found
+    factor = 10 ** (SCALE - values.type.scale)
+    bound = np.iinfo(np.int64).max // factor
+    if least < -bound or greatest > bound:
+        return None
+    out = np.empty((len(values), 2), np.int64)
+    np.multiply(words, factor, out=out[:, 0])  # null slots: any bits, multiplied (they stay null)
+    np.right_shift(out[:, 0], 63, out=out[:, 1])
+    return pa.Array.from_buffers(MONEY, len(values), [values.buffers()[0], pa.py_buffer(out)],
+                                 null_count=values.null_count)
+
+
+def exact_sums(keys: np.ndarray, size: int, values: pa.Array, wanted: np.ndarray) -> list[Decimal] | None:
+    """The exact sums of decimal128 `values` per key (keys in [0, size)), for the `wanted` keys, as
+    Decimals; None where this fast path does not apply: a null, a value past an int64, or a sum
+    that could pass one."""
+    if values.null_count:
+        return None
+    found = unscaled(values)
+    if found is None:
+        return None
+    words, least, greatest = found
+    if max(-least, greatest) * len(values) > np.iinfo(np.int64).max:
+        return None
+    sums = np.zeros(size, np.int64)
+    np.add.at(sums, keys, words)
+    scale = values.type.scale
+    return [Decimal(total).scaleb(-scale, context=CONTEXT) for total in sums[wanted].tolist()]
 
 
 def _places(value: Decimal) -> int:

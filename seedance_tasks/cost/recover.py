@@ -32,6 +32,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from seedance_tasks import faults, journal, lease, storage
+from seedance_tasks.arrow_memory import reusing_memory
 from seedance_tasks.cost import cur_focus
 from seedance_tasks.cost.allocate import (
     ALLOCATED_NAMES,
@@ -590,7 +591,7 @@ def run_stage(stage: str, data: dict[str, Any], *, release: bool = False) -> dic
     """
     if stage not in STAGE_FUNCTIONS:
         raise UsageError(f"unknown cost stage {stage!r}", hint="one of " + ", ".join(STAGES))
-    with month_lease(_job(data), release=release) as held:
+    with month_lease(_job(data), release=release) as held, reusing_memory():
         try:
             return STAGE_FUNCTIONS[stage](data)
         except SeedanceError as exc:
@@ -609,7 +610,7 @@ def recover_month(tagger=None, advance: Callable[[int], None] | None = None, **k
     data = asdict(job)
     result: dict[str, Any] = {"month": job.month, "backfill": job.backfill, "apply": job.apply}
     stages = {**STAGE_FUNCTIONS, "rules": lambda item: rules_stage(item, tagger=tagger)}
-    with month_lease(job) as held:
+    with month_lease(job) as held, reusing_memory():
         result["lease"] = {"name": lease_name(job.month), "holder": held.record.holder}
         result["recovered"] = journal.recover(job.root, journal_kind(job.month))
         for name in STAGES:

@@ -254,7 +254,7 @@ def test_old_trash_purged_not_new(lake, small_settings):
 def test_compaction_runs_on_a_pool_that_keeps_freed_memory_and_restores_the_default():
     """Inside `reusing_memory` pyarrow allocates from jemalloc (where the build has it); nested and
     concurrent uses share the switch; the process's default pool is back afterwards."""
-    from seedance_tasks.compaction.writer import reusing_memory
+    from seedance_tasks.arrow_memory import reusing_memory
 
     before = pa.default_memory_pool().backend_name
     try:
