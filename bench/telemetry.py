@@ -8,10 +8,12 @@ the trainer's own `train_step`), their steps interleaved (ABBA) so machine noise
   50 steps, and the Prometheus exporter running (scraped by this script every 0.5 s);
 - the recorder alone: an empty step with its phase markers, no training work (its own cost).
 
-Prints the median step time of each, their ratio and the recorder's cost per step in µs.
+Prints the median step time of each, their ratio (the median over blocks of each block's paired
+ratio: step times on a VM drift by 30% within minutes, so only steps close in time compare) and
+the recorder's cost per step in µs.
 Data lives in bench/_work/telemetry/ (git-ignored).
 
-    .venv/bin/python bench/telemetry.py           # 4 blocks x 100 steps of each
+    .venv/bin/python bench/telemetry.py           # 8 blocks x 100 steps of each
     .venv/bin/python bench/telemetry.py --quick   # smoke test
 """
 
@@ -35,7 +37,7 @@ MODEL = {"vocab_size": 64, "seq_len": 32, "d_model": 64, "n_layers": 2, "n_heads
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smoke test: few steps")
-    parser.add_argument("--blocks", type=int, default=4)
+    parser.add_argument("--blocks", type=int, default=8)
     parser.add_argument("--steps", type=int, default=100, help="steps per block")
     args = parser.parse_args()
     blocks, steps = (2, 20) if args.quick else (args.blocks, args.steps)
@@ -84,8 +86,10 @@ def main() -> None:
         float(local)
 
     plain, recorded, empty = [], [], []
+    block_ratios = []  # per block: median recorded step / median plain step (paired in time)
     counter = 0
     for _block in range(blocks):
+        block_plain, block_recorded = len(plain), len(recorded)
         for index in range(2 * steps):  # plain and recorded steps alternate (ABBA), so load hits both alike
             began = time.perf_counter()
             if (index % 4) in (0, 3):
@@ -108,6 +112,7 @@ def main() -> None:
                     pass
             empty.append(time.perf_counter() - began)
             counter += 1
+        block_ratios.append(statistics.median(recorded[block_recorded:]) / statistics.median(plain[block_plain:]))
     stop.set()
     snapshot = recorder.close()
     dist.destroy_process_group()
@@ -117,10 +122,14 @@ def main() -> None:
           f"{snapshot['energy']['source']}, exporter on :{port}")
     print(f"{'loop':<34}{'median step':>14}{'ratio':>10}")
     print(f"{'plain (no recorder)':<34}{p * 1e3:>11.3f} ms{1.0:>10.3f}")
-    print(f"{'recorded (StepRecorder on)':<34}{r * 1e3:>11.3f} ms{r / p:>10.3f}")
+    print(f"{'recorded (StepRecorder on)':<34}{r * 1e3:>11.3f} ms{statistics.median(block_ratios):>10.3f}"
+          "  (median of the per-block paired ratios)")
     print(f"{'recorder alone (empty step)':<34}{e * 1e6:>11.1f} µs{e / p:>10.4f}")
-    print(f"overhead per step: {(r - p) * 1e6:+.1f} µs median difference ({(r / p - 1) * 100:+.2f}%); "
+    print(f"overhead per step: {(r - p) * 1e6:+.1f} µs difference of the pooled medians ({(r / p - 1) * 100:+.2f}%; "
+          "pooled over blocks it mixes the machine's speed changes between blocks); "
           f"the recorder's own work {e * 1e6:.1f} µs = {e / p * 100:.2f}% of a plain step")
+    print(f"per block (recorded / plain median step, {blocks} blocks): median {statistics.median(block_ratios):.3f} "
+          f"({min(block_ratios):.3f}–{max(block_ratios):.3f}): the spread is this machine's noise on whole steps")
     print(f"samples written: {len(list(WORK.glob('samples-*.parquet')))} Parquet files in {WORK}")
 
 
