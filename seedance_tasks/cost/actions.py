@@ -241,14 +241,31 @@ def isolate(data: dict[str, Any], *, isolator=None, now: datetime | None = None,
     younger than the tuning window is flagged (ledger + owner notified), not acted on; ids that
     are not EC2/EBS/RDS resources are reported as skipped; one AWS refuses for good (e.g. an
     instance-store instance cannot be stopped) is reported in `failed` and the others go on.
-    Returns what was done and planned.
+    Applying holds the month's isolation lease: a second attempt waits (up to `lock_wait`) and
+    then sees the first one's ledger entries. Returns what was done and planned.
     """
-    from seedance_tasks.cost.isolation import Isolator, action_key, parse_resource
+    from seedance_tasks.cost.isolation import Isolator
 
     settings = settings or _settings()
     now = now or datetime.now(UTC)
     month, out, apply = data["month"], data["out"], data["apply"]
     isolator = isolator or Isolator(settings, now=now)
+    if not apply:
+        return _isolate(data, isolator, now, settings)
+    from seedance_tasks import lease
+
+    # one applying attempt at a time per month: a retry started while a lost attempt still runs
+    # waits for it, then finds its ledger entries, and snapshots nothing twice
+    with lease.holding(storage.resolve(out), f"cost-isolate-{month}",
+                       holder=f"isolate:{os.getpid()}:{secrets.token_hex(4)}", purpose=f"isolate idle resources of {month}",
+                       wait_s=settings.actions.lock_wait):
+        return _isolate(data, isolator, now, settings)
+
+
+def _isolate(data: dict[str, Any], isolator, now: datetime, settings) -> dict[str, Any]:
+    from seedance_tasks.cost.isolation import action_key, parse_resource
+
+    month, out, apply = data["month"], data["out"], data["apply"]
     ledger = ledger_of(out, settings)
     done = ledger.load()
     result: dict[str, Any] = {"mode": data["mode"], "isolated": [], "flagged": [], "skipped": [], "missing": [],

@@ -98,6 +98,45 @@ def test_isolation_snapshots_tags_and_stops_once(s3_server, tmp_path, old_enough
     assert any("taken before" in step for row in third["isolated"] for step in row["steps"])
 
 
+def test_two_applying_attempts_at_once_snapshot_each_resource_once(s3_server, tmp_path, old_enough):
+    """A retry that starts while the lost attempt still runs (Airflow marks a task failed on a lost
+    heartbeat; its process may go on) waits for the month's isolation lease, then finds the first
+    attempt's ledger entries: one snapshot per volume, not two."""
+    import threading
+
+    from seedance_tasks.cost.isolation import Isolator
+
+    arns, instances = zip(*(make_instance() for _ in range(2)), strict=True)
+    out, _ = publish_month(tmp_path, {"alpha": list(arns)})
+    plan = actions.plan(month=MONTH, out=str(out), apply=True)
+    inside, go_on = threading.Event(), threading.Event()
+
+    class SlowIsolator(Isolator):  # the first attempt is caught between its look-up and its snapshot
+        def isolate(self, resource, month, owner, *, apply):
+            inside.set()
+            go_on.wait(2)
+            return super().isolate(resource, month, owner, apply=apply)
+
+    results: list[dict] = []
+    first = threading.Thread(target=lambda: results.append(actions.isolate(plan, isolator=SlowIsolator(
+        load_section("cost")))))
+    first.start()
+    assert inside.wait(30)
+    second = threading.Thread(target=lambda: results.append(actions.isolate(plan)))
+    second.start()
+    second.join(1.0)
+    assert second.is_alive()  # waiting for the lease, not acting
+    go_on.set()
+    first.join(60)
+    second.join(60)
+    assert len(results) == 2
+    assert sorted(len(result["isolated"]) for result in results) == [0, 2]
+    assert sorted(len(result["done_before"]) for result in results) == [0, 2]
+    for instance in instances:
+        (volume,) = instance_state(instance)["volumes"]
+        assert len(snapshots_of(volume)) == 1
+
+
 def test_a_resource_younger_than_the_tuning_window_is_flagged_not_acted_on(s3_server, tmp_path):
     assert load_section("cost").actions.tuning_window == 30 * 86400  # the shipped default
     arn, instance = make_instance()  # launched just now
