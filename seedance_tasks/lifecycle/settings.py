@@ -47,6 +47,10 @@ class RetentionPolicy(StrictModel):
         return self
 
 
+STRAY_MIN_AGE_FLOOR = 600
+"""The least `stray_min_age` accepted: below it GC could trash the files of a save still writing."""
+
+
 class TierSpec(StrictModel):
     """Where one tier's files live and what they cost."""
 
@@ -95,8 +99,10 @@ class LifecycleSettings(StrictModel):
     apply_on_schedule: bool = Field(False, description="scheduled DAG runs apply GC and tiering (else dry run)")
     record_restores: bool = Field(True, description="note each restore's time, so tiering counts age since it")
     stray_min_age: Duration = Field(
-        86400, description="GC moves files of interrupted saves (named by no manifest) to the trash once this old; "
-                           "longer than any save takes, so a save in progress is never touched")
+        86400, ge=STRAY_MIN_AGE_FLOOR,
+        description="GC moves files of interrupted saves (named by no manifest) to the trash once this old; "
+                    "longer than any save takes, so a save in progress is never touched (at least 10 minutes: "
+                    "a save holds no lease, only its files' age protects it)")
 
     @model_validator(mode="after")
     def _check(self) -> LifecycleSettings:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import time
 from datetime import UTC, datetime, timedelta
 
 from typer.testing import CliRunner
@@ -167,7 +168,7 @@ def test_only_files_that_no_committed_manifest_names_are_strays(tmp_path):
 
 def test_a_save_killed_before_its_commit_leaves_files_that_gc_trashes(tmp_path):
     """kill -9 between a save's data files and its manifest, the retry commits the step; the killed
-    attempt's files are named by no manifest, and GC moves them to the trash (min age 0 here)."""
+    attempt's files are named by no manifest, and GC moves them to the trash (once 10 minutes old, the least `stray_min_age` accepted)."""
     import torch
 
     from tests.chaos.harness import result_of, run_task
@@ -180,7 +181,11 @@ def test_a_save_killed_before_its_commit_leaves_files_that_gc_trashes(tmp_path):
     assert left and all(name.startswith("data-") for name in left)  # data written, no manifest
     result_of(run_task("tests.chaos.tasks:save_checkpoint", args))  # the retry: another attempt
     strays = {f"r/step-10/{name}" for name in left}
-    report = gc.collect(str(store), settings=gc.load_lifecycle_settings(stray_min_age=0), apply=True)
+    settings = gc.load_lifecycle_settings(stray_min_age=600)  # the least accepted
+    assert gc.collect(str(store), settings=settings, apply=False)["stray_files"] == 0  # too young yet
+    for rel in strays:  # the interrupted save is now 11 minutes old
+        os.utime(store / rel, (time.time() - 660, time.time() - 660))
+    report = gc.collect(str(store), settings=settings, apply=True)
     assert {item["rel"] for item in report["runs"][0]["strays"]} == strays and report["checkpoints_deleted"] == 0
     trash = store / "_seedance" / "trash" / report["trash_id"]
     assert all((trash / rel).is_file() for rel in strays)
@@ -188,3 +193,14 @@ def test_a_save_killed_before_its_commit_leaves_files_that_gc_trashes(tmp_path):
     assert sorted(p.name for p in (store / "r" / "step-10").iterdir()) == sorted(["manifest.json", *manifest["files"]])
     state = checkpoint.load(str(store), "r", 10)
     assert state["step"] == 10 and torch.equal(state["w"], torch.arange(20_000, dtype=torch.float32) / 17)
+
+
+def test_a_stray_min_age_below_ten_minutes_is_refused_with_the_key_named():
+    """Below it GC could trash the files of a save still writing (a save holds no lease)."""
+    import pytest
+
+    from seedance_tasks.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="stray_min_age.*greater than or equal to 600"):
+        gc.load_lifecycle_settings(stray_min_age=0)
+    assert gc.load_lifecycle_settings(stray_min_age="10m").stray_min_age == 600
