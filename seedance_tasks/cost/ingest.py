@@ -494,6 +494,10 @@ def _parquet_batches(fs, path: str, source: str, batch_rows: int, columns: list[
         handle.close()
 
 
+def _unreadable(source: str, exc: Exception) -> InputError:
+    return InputError(f"{source}: unreadable billing file ({exc})", hint="check the file's format")
+
+
 @dataclass(frozen=True)
 class FocusChunk:
     """One batch of a FOCUS file's columns as read, before `normalise` (which `lines` runs).
@@ -515,7 +519,7 @@ class FocusChunk:
             return normalise(self.columns, self.first_row, self.source, default_currency=self.default_currency,
                              costs=self.costs, carry=self.carry)
         except pa.ArrowInvalid as exc:
-            raise InputError(f"{self.source}: unreadable billing file ({exc})", hint="check the file's format") from None
+            raise _unreadable(self.source, exc) from None
 
 
 def focus_chunks(
@@ -536,7 +540,7 @@ def focus_chunks(
                 yield FocusChunk(read, first, source, default_currency, tuple(costs), tuple(carry))
                 first += len(next(iter(read.values())))
         except (pa.ArrowInvalid, OSError) as exc:
-            raise InputError(f"{source}: unreadable billing file ({exc})", hint="check the file's format") from None
+            raise _unreadable(source, exc) from None
         if first == 1 and not _has_columns(location.fs, path, source, base, raw):
             raise InputError(f"{source}: none of the FOCUS columns {', '.join(sorted(base))} found",
                              hint="is this a FOCUS file? CUR 2.0 exports need --format cur")
