@@ -167,7 +167,8 @@ def manifests(store: Location, run: str, roots: Iterable[str] | None = None) -> 
 def commit_manifest(store: Location, manifest: dict) -> bool:
     """Commit a new checkpoint: create its manifest exclusively. False if the step has one already.
 
-    Local disk: a complete temp file hard-linked to the name; S3: `If-None-Match: *`.
+    Local disk: a complete temp file hard-linked to the name, then its folder flushed to the disk;
+    S3: `If-None-Match: *`.
     """
     path = manifest_path(store, manifest["run"], manifest["step"])
     raw = to_bytes(manifest)
@@ -189,6 +190,8 @@ def commit_manifest(store: Location, manifest: dict) -> bool:
         finally:
             if os.path.exists(temp):
                 os.unlink(temp)
+        if created:  # the new name on disk too: a save that returned survives a power loss
+            storage.make_durable(store.fs, [path])
     faults.point("ckpt.commit.after")
     return created
 

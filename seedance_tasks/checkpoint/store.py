@@ -527,7 +527,8 @@ def discard_attempt(store: Location, run: str, step: int, attempt: str) -> list[
 
 def _write_chunks(store, run, step, tasks, pool, encode, workers, data_file_size, progress, attempt) -> dict:
     """Encode `tasks` in parallel (bounded window) and append them in order to the data files
-    (`data-<attempt>-NNNN.bin`); on an error, the files written so far are removed."""
+    (`data-<attempt>-NNNN.bin`), flushed to the disk on return; on an error, the files written so
+    far are removed."""
     files: dict[str, dict] = {}
     directory = store.join(run, step_dir(step))
     store.fs.create_dir(directory, recursive=True)
@@ -576,6 +577,9 @@ def _write_chunks(store, run, step, tasks, pool, encode, workers, data_file_size
         stream.close()
         files[name]["size"] = offset
         stream = None
+        # on disk before the manifest names them, and the step's folder in the run's: a power loss after
+        # the commit must not leave a committed checkpoint whose data files are empty
+        storage.make_durable(store.fs, [posixpath.join(directory, name) for name in files] + [directory])
     except BaseException:
         for _task, future in window:
             future.cancel()

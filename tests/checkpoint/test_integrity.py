@@ -164,3 +164,41 @@ def test_bf16_lossy_path_keeps_its_error_bound_and_says_so(tmp_path, gpt_states,
     sq, sq_back = state["optimizer"]["state"][0]["exp_avg_sq"], back["optimizer"]["state"][0]["exp_avg_sq"]
     assert torch.count_nonzero(sq_back) == torch.count_nonzero(sq)  # bf16 keeps Adam's tiny second moments
     assert torch.equal(state["optimizer"]["state"][0]["step"], back["optimizer"]["state"][0]["step"])
+
+
+def test_a_save_flushes_its_data_files_and_folders_before_and_after_the_commit(tmp_path, drifting, monkeypatch):
+    """A power loss must not leave a committed checkpoint whose data files are empty, nor lose a
+    save that returned: every data file, the step's folder and the run's folder are fsynced before
+    the manifest gets its name, and the step's folder again after (the new name on disk)."""
+    import os
+
+    from seedance_tasks import storage as storage_module
+    from seedance_tasks.checkpoint import catalog
+
+    events: list[tuple[str, str]] = []
+    real_fsync, real_link = os.fsync, os.link
+
+    def fsync(descriptor):
+        events.append(("fsync", os.readlink(f"/proc/self/fd/{descriptor}")))
+        return real_fsync(descriptor)
+
+    def link(source, target):
+        events.append(("commit", str(target)))
+        return real_link(source, target)
+
+    monkeypatch.setattr(storage_module.os, "fsync", fsync)
+    monkeypatch.setattr(catalog.os, "link", link)
+    ckstore._CACHE.clear()
+    store = tmp_path / "store"
+    (_, state), = drifting[:1]
+    checkpoint.save(state, str(store), "r", 0, chunk_size="64KiB", data_file_size="256KiB")
+    step_folder = store / "r" / "step-0"
+    commit = next(index for index, (kind, path) in enumerate(events) if kind == "commit")
+    assert events[commit][1] == str(step_folder / "manifest.json")
+    data_files = sorted(name for name in _manifest(store, 0)["files"])
+    assert len(data_files) > 1, "the checkpoint should roll over to several data files"
+    synced_before = {path for kind, path in events[:commit] if kind == "fsync"}
+    missing = [name for name in data_files if str(step_folder / name) not in synced_before]
+    assert not missing, f"data files not flushed before the commit: {missing}"
+    assert {str(step_folder), str(store / "r")} <= synced_before
+    assert ("fsync", str(step_folder)) in events[commit + 1:], "the manifest's new name was not flushed"
