@@ -54,6 +54,7 @@ from seedance_tasks.cost.ingest import (
     _timestamps,
     billing_files,
     normalise,
+    unreadable_billing,
 )
 from seedance_tasks.cost.money import CONTEXT, float_amount, parse_amount
 
@@ -392,6 +393,8 @@ def read_cur(uri: str, *, batch_rows: int = 500_000, carry: list[str] | tuple[st
                 out, rejected = normalise(columns, first, source, known=bad, carry=carry)
                 first += batch.num_rows
                 yield out, rejected
+        except pa.ArrowInvalid as exc:  # not Parquet, truncated, a damaged page
+            raise unreadable_billing(source, exc) from None
         finally:
             handle.close()
 

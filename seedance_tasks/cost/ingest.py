@@ -105,8 +105,7 @@ def carried_columns(uri: str, reserved: tuple[str, ...] = ()) -> list[str]:
     for location, path in billing_files(uri):
         source = posixpath.basename(path) if location.path == path else location.relative(path)
         if path.endswith(".parquet"):
-            with location.fs.open_input_file(path) as handle:
-                names = pq.ParquetFile(handle).schema_arrow.names
+            names = _parquet_names(location.fs, path, source)
         else:
             names = _csv_header(location.fs, path, source)
         found.update((name, None) for name in names if name and carried_name(name) not in taken)
@@ -490,12 +489,26 @@ def _parquet_batches(fs, path: str, source: str, batch_rows: int, columns: list[
         parquet = pq.ParquetFile(handle, read_dictionary=dictionary, pre_buffer=False)
         for batch in parquet.iter_batches(batch_size=batch_rows, columns=wanted, use_threads=True):
             yield {name: batch.column(name) for name in wanted}
+    except pa.ArrowInvalid as exc:  # not Parquet, truncated, a damaged page
+        raise unreadable_billing(source, exc) from None
     finally:
         handle.close()
 
 
-def _unreadable(source: str, exc: Exception) -> InputError:
-    return InputError(f"{source}: unreadable billing file ({exc})", hint="check the file's format")
+def _parquet_names(fs, path: str, source: str) -> list[str]:
+    """The column names of the Parquet file at `path`; InputError naming `source` if it is not one."""
+    with fs.open_input_file(path) as handle:
+        try:
+            return pq.ParquetFile(handle).schema_arrow.names
+        except pa.ArrowInvalid as exc:
+            raise unreadable_billing(source, exc) from None
+
+
+def unreadable_billing(source: str, exc: Exception) -> InputError:
+    """The error for a billing file the reader cannot parse (not CSV/Parquet, truncated, damaged), naming it."""
+    return InputError(f"{source}: unreadable billing file ({exc})",
+                      hint="it must be a whole CSV or Parquet export: download or export it again, or move it "
+                      "out of the billing folder")
 
 
 @dataclass(frozen=True)
@@ -519,7 +532,7 @@ class FocusChunk:
             return normalise(self.columns, self.first_row, self.source, default_currency=self.default_currency,
                              costs=self.costs, carry=self.carry)
         except pa.ArrowInvalid as exc:
-            raise _unreadable(self.source, exc) from None
+            raise unreadable_billing(self.source, exc) from None
 
 
 def focus_chunks(
@@ -540,7 +553,7 @@ def focus_chunks(
                 yield FocusChunk(read, first, source, default_currency, tuple(costs), tuple(carry))
                 first += len(next(iter(read.values())))
         except (pa.ArrowInvalid, OSError) as exc:
-            raise _unreadable(source, exc) from None
+            raise unreadable_billing(source, exc) from None
         if first == 1 and not _has_columns(location.fs, path, source, base, raw):
             raise InputError(f"{source}: none of the FOCUS columns {', '.join(sorted(base))} found",
                              hint="is this a FOCUS file? CUR 2.0 exports need --format cur")
@@ -565,8 +578,7 @@ def _has_columns(fs, path: str, source: str, base: set[str], raw) -> bool:
     """True if the file at `path` (which had no data rows) names at least one of the `base` columns."""
     if raw is _csv_batches:
         return bool(base & set(_csv_header(fs, path, source)))
-    with fs.open_input_file(path) as handle:
-        return bool(base & set(pq.ParquetFile(handle).schema_arrow.names))
+    return bool(base & set(_parquet_names(fs, path, source)))
 
 
 # --------------------------------------------------------------------------- AWS CUR 2.0

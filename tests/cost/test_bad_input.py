@@ -240,3 +240,19 @@ def test_an_empty_month_fails_before_publishing_when_config_says_so(tmp_path, mo
     assert "error: no billing lines in 2024-09" in result.output and "nothing published" in result.output
     assert "cost.fail_on_empty_month" in result.output  # the hint
     assert {p: p.read_bytes() for p in (out / "month=2024-09").rglob("*") if p.is_file()} == before
+
+
+@pytest.mark.parametrize("damage", ["not parquet", "truncated", "footer only"])
+@pytest.mark.parametrize("billing_format", ["focus", "cur"])
+def test_an_unreadable_parquet_billing_file_is_named_with_a_hint(tmp_path, damage, billing_format):
+    """A billing file that is not whole Parquet is an `error:` naming it, for FOCUS and CUR alike."""
+    good = tmp_path / "good.parquet"
+    pq.write_table(_sample_table(), good)
+    data = good.read_bytes()
+    path = tmp_path / "bill.parquet"
+    path.write_bytes({"not parquet": b"{}\n", "truncated": data[: len(data) // 2],
+                      "footer only": data[-8:]}[damage])
+    result = _cli(tmp_path, path, "--format", billing_format)
+    assert result.exit_code == 1, result.output
+    assert "error: bill.parquet: unreadable billing file" in result.output and "hint:" in result.output
+    assert "Traceback" not in result.output
