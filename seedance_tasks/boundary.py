@@ -15,12 +15,14 @@ import os
 import re
 
 from seedance_tasks.errors import (
+    YAML_HINT,
     ConfigError,
     InputError,
     InternalError,
     ResourceError,
     SeedanceError,
     UnavailableError,
+    yaml_problem,
 )
 
 DEBUG_ENV = "SEEDANCE_DEBUG"
@@ -197,7 +199,6 @@ def classify(exc: BaseException) -> SeedanceError:
     if kind == "JSONDecodeError":
         return InputError(f"malformed JSON: {first_line(str(exc))}{_notes(exc)}", hint="fix or replace the file")
     if kind in {"YAMLError", "ScannerError", "ParserError", "ComposerError", "ConstructorError"}:
-        return ConfigError(f"malformed YAML: {first_line(str(exc))}{_notes(exc)}",
-                           hint="fix the YAML (quote values that hold ':', '[' or '{')")
+        return ConfigError(f"malformed YAML: {yaml_problem(exc)}{_notes(exc)}", hint=YAML_HINT)
     detail = first_line(str(exc))
     return InternalError(f"unexpected {kind}" + (f": {detail}" if detail else "") + _notes(exc), hint=BUG_HINT)

@@ -24,7 +24,7 @@ from typing import Any
 import yaml
 from pydantic import Field, ValidationError
 
-from seedance_tasks.errors import ConfigError
+from seedance_tasks.errors import YAML_HINT, ConfigError, yaml_problem
 from seedance_tasks.settings_base import StrictModel
 from seedance_tasks.units import Duration
 
@@ -235,7 +235,7 @@ def _read_file(source: Path, explicit: bool) -> dict[str, Any]:
     except FileNotFoundError:
         raise ConfigError(f"config file not found: {source}") from None
     except yaml.YAMLError as exc:
-        raise ConfigError(f"config file {source} is not valid YAML: {exc}") from None
+        raise ConfigError(f"config file {source} is not valid YAML: {yaml_problem(exc)}", hint=YAML_HINT) from None
     if not isinstance(loaded, dict):
         raise ConfigError(f"config file {source} must hold a mapping of sections")
     return loaded

@@ -65,3 +65,13 @@ class InternalError(SeedanceError):
     """An unexpected exception: a bug in Seedance (or bad data a retry cannot fix); report it."""
 
     exit_code = 70  # EX_SOFTWARE
+
+
+YAML_HINT = "fix the YAML there (indent with spaces; quote values that hold ':', '#', '[' or '{')"
+
+
+def yaml_problem(exc: Exception) -> str:
+    """Where and what a YAML parse error is, on one line: 'line 3, column 7: mapping values are not allowed here'."""
+    mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+    problem = getattr(exc, "problem", None) or next((line.strip() for line in str(exc).splitlines() if line.strip()), "")
+    return f"line {mark.line + 1}, column {mark.column + 1}: {problem}" if mark is not None else problem

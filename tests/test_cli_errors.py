@@ -18,6 +18,7 @@ from seedance_tasks.cli import app
 from seedance_tasks.cli_support import handle_errors
 
 LONG = "/tmp/" + "n" * 300  # ENAMETOOLONG on Linux (NAME_MAX 255)
+TOPOLOGY = "topo/a100_8gpu_nv12_2numa_spaces_nonic.txt"  # a real `nvidia-smi topo -m` output (tests/data/training/SOURCE.md)
 
 
 def seedance(*args: str, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -249,3 +250,27 @@ def test_no_bar_with_json_even_on_a_terminal(small_lake):
     code, output = _under_pty(["compact", str(small_lake), "--json"], {"SEEDANCE__COMPACTION__MIN_AGE": "0"})
     assert code == 0, output
     assert "compacting" not in output and '"partitions_compacted": 1' in output
+
+
+@pytest.mark.parametrize("which", ["config", "owners", "profiles"])
+def test_a_malformed_yaml_file_is_one_error_line_with_its_line_and_a_hint(tmp_path, which):
+    """The config, owners and NCCL profiles files: the error names the file and the line, on one line."""
+    broken = tmp_path / f"{which}.yaml"
+    broken.write_text("first: 1\nsecond: [unclosed\n")
+    billing = tmp_path / "bill.csv"
+    billing.write_text("ChargePeriodStart,BillingCurrency,BilledCost,EffectiveCost\n")
+    env = {}
+    if which == "config":
+        env["SEEDANCE_CONFIG"] = str(broken)
+    if which == "profiles":
+        env["SEEDANCE__TRAINING__PROFILES_FILE"] = str(broken)
+        args = ["train", "plan", "--topology", "tests/data/training/" + TOPOLOGY, "--nodes", "1"]
+    else:
+        args = ["cost", "recover", "--month", "2024-09", "--billing", str(billing), "--out", str(tmp_path / "out"),
+                "--owners", str(broken if which == "owners" else "config/owners.yaml")]
+    result = seedance(*args, env=env)
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    [line] = error_lines(result.stderr)
+    assert str(broken) in line and "not valid YAML" in line and "line 3, column 1" in line, line
+    assert "hint: fix the YAML" in result.stderr

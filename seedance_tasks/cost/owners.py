@@ -29,7 +29,7 @@ import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from seedance_tasks.config import StrictModel
-from seedance_tasks.errors import ConfigError
+from seedance_tasks.errors import YAML_HINT, ConfigError, yaml_problem
 from seedance_tasks.notifiers import WebhookRef, email_list
 
 MONTH_RE = r"^\d{4}-(0[1-9]|1[0-2])$"
@@ -160,7 +160,7 @@ def load_owners(uri: str) -> OwnersFile:
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise ConfigError(f"owners file {uri} is not valid YAML: {exc}") from None
+        raise ConfigError(f"owners file {uri} is not valid YAML: {yaml_problem(exc)}", hint=YAML_HINT) from None
     if not isinstance(data, dict):
         raise ConfigError(f"owners file {uri} must be a mapping with at least `owner_tags`")
     try:

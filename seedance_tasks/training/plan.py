@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from seedance_tasks.errors import ConfigError, UsageError
+from seedance_tasks.errors import YAML_HINT, ConfigError, UsageError, yaml_problem
 from seedance_tasks.training import envvars
 from seedance_tasks.training.topology import Topology, format_cpu_list, link_rank
 
@@ -43,7 +43,7 @@ def _load(path: str) -> tuple[dict[str, Profile], dict[str, dict[str, str]]]:
     except FileNotFoundError:
         raise ConfigError(f"NCCL profiles file not found: {path}") from None
     except yaml.YAMLError as exc:
-        raise ConfigError(f"NCCL profiles file {path} is not valid YAML: {exc}") from None
+        raise ConfigError(f"NCCL profiles file {path} is not valid YAML: {yaml_problem(exc)}", hint=YAML_HINT) from None
     unknown = set(data) - {"common", "profiles"}
     if unknown:
         raise ConfigError(f"{path}: unknown top-level key(s) {sorted(unknown)}")
