@@ -106,7 +106,7 @@ def _focus_lines(uri: str, basis: str, batch_rows: int, default_currency: str | 
                           for name in EXTRA_COLUMNS}
                 yield source, batch, extras
         except (pa.ArrowInvalid, OSError) as exc:
-            raise InputError(f"{source}: unreadable billing file ({exc})", hint="check the file's format") from None
+            raise ingest.unreadable_billing(source, exc) from None
 
 
 def load_billing(uri: str, settings, *, basis: str = "EffectiveCost", batch_rows: int = 500_000,
