@@ -59,6 +59,7 @@ StorageClass = Literal[
     "STANDARD", "INTELLIGENT_TIERING", "STANDARD_IA", "ONEZONE_IA", "GLACIER_IR", "GLACIER", "DEEP_ARCHIVE"
 ]
 NonNegative = Field(ge=0)
+Codec = Literal["zstd", "lz4", "bgzstd", "delta-xor", "delta-sub", "delta-bsub"]  # codecs.ALL_CODECS
 
 
 class _Model(BaseModel):
@@ -81,12 +82,19 @@ class TensorEntry(_Model):
     lossy: str | None = None
     shape: list[int]
     nbytes: int = NonNegative
-    codec: str
+    codec: Codec
     planes: str | None = None
     base: int | None = None
     chunk_bytes: int = Field(ge=1)
     sampled: bool | None = None  # format 2: the codec was chosen on samples at this save (else reused)
     chunks: list[Chunk]
+
+    @model_validator(mode="after")
+    def _chunks_hold_the_tensor(self) -> TensorEntry:
+        held = sum(chunk.raw for chunk in self.chunks)
+        if held != self.nbytes:
+            raise ValueError(f"tensors[{self.name!r}].chunks hold {held} bytes, not its nbytes {self.nbytes}")
+        return self
 
 
 class DataFile(_Model):

@@ -95,12 +95,14 @@ def _dtype_name(dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def _torch_dtype(name: str):
+def _torch_dtype(name: str, where: str = "a manifest"):
     import torch
 
     dtype = getattr(torch, name, None)
     if not isinstance(dtype, torch.dtype):
-        raise IntegrityError(f"unknown dtype {name!r} in a manifest")
+        raise IntegrityError(f"unknown dtype {name!r} in {where}",
+                             hint="the manifest was edited or damaged, or written with a torch that has this dtype: "
+                             "restore it with that torch version")
     return dtype
 
 
@@ -670,6 +672,9 @@ class _Chain:
         self.manifest = manifest or read_manifest(store, run, step)
         self.files = _Files(store, run, self.manifest)
         self.tensors = {t["name"]: t for t in self.manifest["tensors"]}
+        for entry in self.tensors.values():  # refused before any decoding, naming the manifest and the tensor
+            for key in ("dtype", "stored_dtype"):
+                _torch_dtype(entry[key], f"manifest {manifest_path(store, run, step)}: tensors[{entry['name']!r}].{key}")
         self.digest_field, self.digest = chunk_digest(self.manifest)  # blake3 (format 2) or sha256 (1)
         self._base: _Chain | None = None
         self._lock = threading.Lock()

@@ -4,6 +4,7 @@ formats, the committed format-1 store, and codec choices reused between saves.""
 from __future__ import annotations
 
 import json
+import typing
 
 import numpy as np
 import pytest
@@ -13,7 +14,7 @@ from typer.testing import CliRunner
 from seedance_tasks import checkpoint, storage
 from seedance_tasks.checkpoint import choices
 from seedance_tasks.checkpoint import store as ckstore
-from seedance_tasks.checkpoint.manifest import FORMAT_1, FORMAT_2
+from seedance_tasks.checkpoint.manifest import FORMAT_1, FORMAT_2, Codec
 from seedance_tasks.cli import app
 from seedance_tasks.errors import IntegrityError
 
@@ -136,6 +137,38 @@ def test_unknown_or_tampered_format_is_refused_with_a_clear_error(tmp_path, drif
     with pytest.raises(IntegrityError) as caught:
         checkpoint.load(str(store), "r", step)
     assert f"tensor {biggest['name']}" in caught.value.message and "does not match its blake3" in caught.value.message
+
+
+def _biggest(manifest):
+    return max(manifest["tensors"], key=lambda t: t["nbytes"])
+
+
+@pytest.mark.parametrize("field, change, expected", [
+    ("codec", lambda t: t.update(codec="pickle"), "codec: Input should be 'zstd'"),
+    ("raw", lambda t: t["chunks"][0].update(raw=10**15), "chunks hold 1000000000000000 bytes, not its nbytes"),
+    ("dtype", lambda t: t.update(dtype="evil"), "unknown dtype 'evil' in manifest"),
+    ("stored_dtype", lambda t: t.update(stored_dtype="os.system"), "unknown dtype 'os.system' in manifest"),
+])
+def test_a_manifest_with_a_bad_tensor_field_is_refused_naming_it_with_a_hint(tmp_path, drifting, field, change,
+                                                                              expected):
+    """A codec, chunk size or dtype the manifest cannot have: refused before any decoding, the
+    manifest's path and the field named, with a hint, on restore and verify alike."""
+    store = tmp_path / "s"
+    (step, state), = drifting[:1]
+    checkpoint.save(state, str(store), "r", step)
+    tampered = _manifest(store, "r", step)
+    change(_biggest(tampered))
+    _write_manifest(store, "r", step, tampered)
+    for attempt in (lambda: checkpoint.load(str(store), "r", step), lambda: ckstore.verify(str(store), "r", step)):
+        with pytest.raises(IntegrityError) as caught:
+            attempt()
+        assert expected in caught.value.message and "manifest.json" in caught.value.message, caught.value.message
+        assert caught.value.hint
+    assert field in caught.value.message or f"{_biggest(tampered)['name']!r}" in caught.value.message
+
+
+def test_the_manifest_model_accepts_exactly_the_codecs_there_are():
+    assert set(typing.get_args(Codec)) == set(ckstore.codecs.ALL_CODECS)
 
 
 def test_the_format1_fixture_restores_and_verifies(tmp_path):
