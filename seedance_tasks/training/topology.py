@@ -250,7 +250,8 @@ def _build(matrix: _Matrix, source: str) -> Topology:
     for number, cells in matrix.rows:
         label, values = cells[0], cells[1:]
         if label not in devices:
-            raise InputError(f"{source}:{number}: row {label!r} has no column in the header {devices}")
+            raise InputError(f"{source}:{number}: row {label!r} has no column in the header {devices}",
+                             hint="the matrix looks edited or cut: pass the output of `nvidia-smi topo -m` as printed")
         link_cells = values[: len(devices)]
         if len(link_cells) < len(devices):
             raise InputError(
@@ -285,7 +286,8 @@ def _build(matrix: _Matrix, source: str) -> Topology:
             gpu_numa_id[label] = _numa(trailing.get("GPU NUMA ID"))
     missing = [gpu for gpu in gpus if gpu not in links]
     if missing:
-        raise InputError(f"{source}: GPU(s) {missing} are in the header but have no row")
+        raise InputError(f"{source}: GPU(s) {missing} are in the header but have no row",
+                         hint="the matrix looks truncated: pass the whole output of `nvidia-smi topo -m`")
     has_nvlink = any(cell.startswith("NV") for row in links.values() for cell in row.values())
     pcie_only = matrix.legend_has_nvlink is False and not has_nvlink and len(gpus) > 1
     return Topology(gpus, nics, links, cpu_affinity, numa, gpu_numa_id, legend, pcie_only)
@@ -306,7 +308,8 @@ def parse_topology(text: str, source: str = "<topology>", index: int = 0) -> Top
     """The `index`-th matrix in `text` (most files hold one)."""
     found = parse_topologies(text, source)
     if not 0 <= index < len(found):
-        raise UsageError(f"{source} holds {len(found)} topology matrices; there is no #{index}")
+        raise UsageError(f"{source} holds {len(found)} topology matrices; there is no #{index}",
+                         hint=f"pass --machine between 0 and {len(found) - 1}")
     return found[index]
 
 
@@ -320,5 +323,6 @@ def detect(timeout_s: float = 30) -> Topology:
         )
     done = subprocess.run([exe, "topo", "-m"], capture_output=True, text=True, timeout=timeout_s, check=False)
     if done.returncode != 0:
-        raise UsageError(f"nvidia-smi topo -m failed ({done.returncode}): {done.stderr.strip()[:300]}")
+        raise UsageError(f"nvidia-smi topo -m failed ({done.returncode}): {done.stderr.strip()[:300]}",
+                         hint="check the GPU driver (nvidia-smi alone), or pass a saved `nvidia-smi topo -m` with --topology")
     return parse_topology(done.stdout, "nvidia-smi topo -m")

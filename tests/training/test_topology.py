@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from seedance_tasks.errors import InputError
+from seedance_tasks.errors import InputError, UsageError
 from seedance_tasks.training.topology import format_cpu_list, parse_cpu_list, parse_topologies, parse_topology
 from tests.conftest import DATA
 
@@ -116,3 +116,23 @@ def test_malformed_input_names_the_line():
     truncated = "\tGPU0\tGPU1\tCPU Affinity\nGPU0\t X \tNV4\t0-3\n"
     with pytest.raises(InputError, match="GPU1"):
         parse_topology(truncated, "short.txt")
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("\tGPU0\tGPU1\tCPU Affinity\nGPU0\t X \tNV4\t0-3\n", "GPU(s) ['GPU1'] are in the header but have no row"),
+    ("\tGPU0\tGPU1\nGPU0\t X \tNV4\nGPU2\tNV4\t X \n", ":3: row 'GPU2' has no column in the header"),
+    ("\tGPU0\tGPU1\nGPU0\t X \tNV4\nGPU1\tNV4\n", ":3: row GPU1 has 1 link cells, the header 2"),
+    ("\tGPU0\tGPU1\nGPU0\t X \tNV4\nGPU1\tNV4\t X \n  stray text\n", ":4: not a row"),
+])
+def test_every_malformed_matrix_is_named_by_line_with_a_hint(text, expected):
+    with pytest.raises(InputError) as caught:
+        parse_topology(text, "bad.txt")
+    assert caught.value.message.startswith("bad.txt") and expected in caught.value.message, caught.value.message
+    assert caught.value.hint
+
+
+def test_asking_for_a_matrix_past_the_last_says_which_there_are():
+    text = (TOPO / "two_gpu_nv2_and_phb_consumer.txt").read_text()
+    with pytest.raises(UsageError) as caught:
+        parse_topology(text, "two.txt", 2)
+    assert "holds 2 topology matrices" in caught.value.message and "--machine between 0 and 1" in caught.value.hint
