@@ -283,16 +283,40 @@ def open_metrics(uri: str, step: float = 300):
     return ParquetMetrics(uri)
 
 
-def _parse_text(text: str):
-    """Samples (name, labels, value, timestamp-or-None) of OpenMetrics or Prometheus text."""
+def _parser(text: str):
     if "# EOF" in text:
         from prometheus_client.openmetrics.parser import text_string_to_metric_families
     else:
         from prometheus_client.parser import text_string_to_metric_families
-    for family in text_string_to_metric_families(text):
+    return text_string_to_metric_families
+
+
+def _parse_text(text: str):
+    """Samples (name, labels, value, timestamp-or-None) of OpenMetrics or Prometheus text."""
+    for family in _parser(text)(text):
         for sample in family.samples:
             stamp = sample.timestamp
             yield sample.name, sample.labels, sample.value, None if stamp is None else float(stamp)
+
+
+def _first_bad_line(text: str) -> tuple[int, str] | None:
+    """(number, text) of the first sample line the parser refuses on its own, or None if each parses
+    alone (the problem is then between lines: a TYPE or the # EOF)."""
+    parse = _parser(text)
+    ending = "# EOF\n" if "# EOF" in text else ""
+    ended = False
+    for number, line in enumerate(text.splitlines(), start=1):
+        if ended and line.strip():
+            return number, line  # nothing may follow OpenMetrics' # EOF
+        ended = ended or line == "# EOF"
+        if not line.strip() or line.startswith("#"):
+            continue
+        try:
+            for family in parse(line + "\n" + ending):
+                list(family.samples)
+        except ValueError:
+            return number, line
+    return None
 
 
 def import_openmetrics(source: str, out: str, *, at: datetime | None = None) -> dict[str, Any]:
@@ -314,7 +338,10 @@ def import_openmetrics(source: str, out: str, *, at: datetime | None = None) -> 
             rows["labels"].append(json.dumps(labels, sort_keys=True))
             rows["value"].append(float(value))
     except ValueError as exc:
-        raise InputError(f"{source}: not OpenMetrics/Prometheus text: {exc}",
+        bad = _first_bad_line(text)
+        where = f"{source}:{bad[0]}" if bad else source
+        shown = f": {bad[1][:80]!r}" if bad else ""
+        raise InputError(f"{where}: not OpenMetrics/Prometheus text ({exc}){shown}",
                          hint="each sample is `name{label=\"v\"} value [timestamp]`; OpenMetrics ends with # EOF") from None
     table = pa.table({"timestamp": pa.array(rows["timestamp"], pa.int64()).cast(SAMPLES.field(0).type),
                       "name": rows["name"], "labels": rows["labels"], "value": rows["value"]}, schema=SAMPLES)

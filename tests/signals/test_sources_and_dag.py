@@ -57,6 +57,25 @@ def test_import_metrics_refuses_bad_text(tmp_path):
     assert "bad.txt" in done.stderr and "hint:" in done.stderr and "Traceback" not in done.stderr
 
 
+@pytest.mark.parametrize("text, line", [
+    ('up 1\nDCGM_FI_DEV_GPU_UTIL{gpu="1" 70\nup 2\n', 2),  # Prometheus text: an unclosed label set
+    ("a 1\nb 2\nc 3 noon\n", 3),  # a timestamp that is not a number
+    ('# TYPE a counter\na_total 1\na_total{x="1"} 2 \n# EOF\n', 3),  # OpenMetrics: a trailing space
+    ("a 1\n# EOF\nb 2\n", 3),  # a sample after # EOF
+])
+def test_import_metrics_names_the_line_it_refuses(tmp_path, text, line):
+    from seedance_tasks.errors import InputError
+    from seedance_tasks.signals.sources import import_openmetrics
+
+    source = tmp_path / "scrape.txt"
+    source.write_text(text)
+    with pytest.raises(InputError) as caught:
+        import_openmetrics(str(source), str(tmp_path / "x.parquet"))
+    assert caught.value.message.startswith(f"{source}:{line}: not OpenMetrics/Prometheus text")
+    assert repr(text.splitlines()[line - 1]) in caught.value.message and caught.value.hint
+    assert not (tmp_path / "x.parquet").exists()
+
+
 def test_cli_run_json_lists_every_rule(tmp_path):
     from seedance_tasks.signals.registry import RULES
 
