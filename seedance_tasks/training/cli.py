@@ -153,7 +153,7 @@ def health_command(
     log: str = typer.Argument(..., help="NCCL_DEBUG=INFO log, PyTorch watchdog log or nccl-tests output"),
     profile: str = typer.Option(None, "--profile", help="compare bandwidth with this profile's expectation"),
     link: str = typer.Option(None, "--link", help="GPU link type for the expectation, e.g. NV18 (with --profile)"),
-    expected_busbw: float = typer.Option(None, "--expected-busbw", help="expected bus bandwidth, GB/s"),
+    expected_busbw: float = typer.Option(None, "--expected-busbw", min=0.001, help="expected bus bandwidth, GB/s"),
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Timeouts, channels, transports, algorithms, bandwidth, and a verdict with cause and fix."""
@@ -165,7 +165,8 @@ def health_command(
 
     path = Path(log)
     if not path.is_file():
-        raise UsageError(f"log not found: {log}")
+        what = "is a directory, not a log file" if path.is_dir() else "not found"
+        raise UsageError(f"log {log}: {what}", hint="pass one job's log file (NCCL_DEBUG=INFO output or nccl-tests)")
     if expected_busbw is None and profile:
         profiles = load_profiles()
         if profile not in profiles:

@@ -112,6 +112,20 @@ def test_cli_health_json(name):
         assert key in data
 
 
+@pytest.mark.parametrize("given, problem", [("folder", "is a directory, not a log file"), ("absent.log", "not found")])
+def test_cli_health_on_a_folder_or_a_missing_log_says_which_with_a_hint(tmp_path, given, problem):
+    (tmp_path / "folder").mkdir()
+    result = CliRunner().invoke(app, ["train", "health", str(tmp_path / given)])
+    assert result.exit_code == 2
+    assert f"error: log {tmp_path / given}: {problem}" in result.output and "hint: pass one job's log" in result.output
+
+
+def test_cli_health_refuses_a_non_positive_expected_bandwidth():
+    result = CliRunner().invoke(app, ["train", "health", str(LOGS / "nccl_info_2gpu_single_node_rings_trees_nccl1358.log"),
+                                      "--expected-busbw", "-5"])
+    assert result.exit_code == 2 and "--expected-busbw" in result.output
+
+
 def test_quiet_log_is_unknown():
     assert health.report("[rank0] step 1/4 loss 4.1\n")["verdict"]["status"] == "unknown"
 
