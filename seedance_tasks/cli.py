@@ -67,9 +67,15 @@ def trash_purge(
 
     def render(res: dict) -> None:
         verb = "purged" if res["applied"] else "would purge"
+        kept = [f"{len(res['kept'])} newer run(s)"]
+        if res.get("in_use"):
+            kept.append(f"{len(res['in_use'])} of unfinished run(s) (the next run of that job finishes them)")
+        if res.get("undated"):
+            kept.append(f"{len(res['undated'])} folder(s) not named by a run id ({', '.join(res['undated'][:3])}: "
+                        "not Seedance's, never purged; move them away yourself)")
         console.print(
             f"{verb} {len(res['purged'])} trash run(s), {res['files']:,} files, {format_size(res['bytes'])}"
-            f" from {res['trash']}; kept {len(res['kept'])} newer run(s)"
+            f" from {res['trash']}; kept {', '.join(kept)}"
         )
         if res["purged"]:
             console.print(table("trash runs", ["run id"], [[run] for run in res["purged"]]))

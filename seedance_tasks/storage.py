@@ -470,15 +470,23 @@ def purge_trash(root: Location, older_than_s: float, *, now: datetime | None = N
     """Delete trash runs of `root` older than `older_than_s` seconds (by the run id's time).
 
     Trash runs named in `keep` (those of unfinished journals: `journal.purge_trash` passes them)
-    are never purged. Returns {"purged": [run ids], "kept": [run ids], "files": n, "bytes": n}.
-    With apply=False, reports what it would purge and deletes nothing.
+    are never purged, nor is a folder whose name is not a run id (not Seedance's: its age is unknown).
+    Returns {"purged": [run ids], "kept": [newer run ids], "in_use": [run ids in `keep`],
+    "undated": [other folder names], "files": n, "bytes": n}. With apply=False, reports what it
+    would purge and deletes nothing.
     """
     now = now or datetime.now(UTC)
     trash = root.child(TRASH_DIR)
-    purged, kept, files, total = [], [], 0, 0
+    purged, kept, in_use, undated, files, total = [], [], [], [], 0, 0
     for run_id in sorted(_directories(trash)):
         started = run_id_time(run_id)
-        if run_id in keep or started is None or (now - started).total_seconds() < older_than_s:
+        if started is None:
+            undated.append(run_id)
+            continue
+        if run_id in keep:
+            in_use.append(run_id)
+            continue
+        if (now - started).total_seconds() < older_than_s:
             kept.append(run_id)
             continue
         contents = list_files(trash.child(run_id), include_hidden=True)
@@ -487,4 +495,5 @@ def purge_trash(root: Location, older_than_s: float, *, now: datetime | None = N
         if apply:
             root.fs.delete_dir(trash.join(run_id))
         purged.append(run_id)
-    return {"trash": trash.uri, "purged": purged, "kept": kept, "files": files, "bytes": total, "applied": apply}
+    return {"trash": trash.uri, "purged": purged, "kept": kept, "in_use": in_use, "undated": undated, "files": files,
+            "bytes": total, "applied": apply}

@@ -1,8 +1,10 @@
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from typer.testing import CliRunner
 
 from seedance_tasks import journal, storage
+from seedance_tasks.cli import app
 from seedance_tasks.errors import IntegrityError, UsageError
 
 
@@ -58,6 +60,24 @@ def test_purge_trash_by_age(tmp_path):
     assert result["purged"] == [old] and result["kept"] == [new] and result["bytes"] == 10
     assert not (tmp_path / "_seedance/trash" / old).exists() and (tmp_path / "_seedance/trash" / new).exists()
     assert storage.purge_trash(root, 0, now=now)["purged"] == [new]
+
+
+def test_purge_trash_never_touches_folders_it_did_not_date_and_says_why_it_kept_each(tmp_path):
+    root = storage.resolve(tmp_path)
+    now = datetime(2026, 11, 29, tzinfo=UTC)
+    old, pending = (storage.new_run_id(now - timedelta(days=days)) for days in (30, 20))
+    for name in (old, pending, "someone-elses", "2020"):
+        path = tmp_path / "_seedance/trash" / name / "f.bin"
+        path.parent.mkdir(parents=True)
+        path.write_bytes(b"x")
+    result = storage.purge_trash(root, 0, now=now, keep={pending})
+    assert result["purged"] == [old] and result["in_use"] == [pending] and result["kept"] == []
+    assert result["undated"] == ["2020", "someone-elses"]
+    assert (tmp_path / "_seedance/trash/someone-elses/f.bin").exists() and (tmp_path / "_seedance/trash/2020").exists()
+    done = CliRunner().invoke(app, ["trash", "purge", str(tmp_path), "--older-than", "0"])
+    assert done.exit_code == 0, done.output
+    assert "2 folder(s) not named by a run id" in " ".join(done.output.split())
+    assert (tmp_path / "_seedance/trash/someone-elses/f.bin").exists()
 
 
 def _staged_transaction(tmp_path):
