@@ -81,9 +81,16 @@ class Split:
 
 
 def _read_csv(uri: str) -> list[dict[str, str]]:
+    """The rows of a usage CSV, keys and values stripped; ValueError naming the row if one has more
+    fields than the header (or the file is not UTF-8 text)."""
     location = storage.resolve(uri)
     text = storage.read_bytes(location.fs, location.path).decode("utf-8-sig")
-    return [{key.strip(): (value or "").strip() for key, value in row.items()} for row in csv.DictReader(io.StringIO(text))]
+    rows = []
+    for number, row in enumerate(csv.DictReader(io.StringIO(text)), start=2):
+        if None in row:
+            raise ValueError(f"row {number} has more fields than the header")
+        rows.append({key.strip(): (value or "").strip() for key, value in row.items()})
+    return rows
 
 
 def shared_splits(owners: OwnersFile, month: str, month_end: datetime) -> tuple[dict[str, Split], list[str]]:
@@ -98,8 +105,11 @@ def shared_splits(owners: OwnersFile, month: str, month_end: datetime) -> tuple[
         uri = usage_path(owners, rule.usage, month)
         try:
             rows = _read_csv(uri)
-        except (FileNotFoundError, OSError) as exc:
+        except OSError as exc:
             warnings.append(f"shared rule {rule.id}: usage file {uri} not readable ({exc}); its lines are not split")
+            continue
+        except (ValueError, csv.Error) as exc:
+            warnings.append(f"shared rule {rule.id}: usage file {uri} malformed ({exc}); its lines are not split")
             continue
         weights: dict[str, Fraction] = defaultdict(Fraction)
         try:
