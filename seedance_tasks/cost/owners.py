@@ -65,6 +65,14 @@ class Match(StrictModel):
         return self
 
 
+def _check_dates(rule):
+    """A dated rule must apply on at least one day: valid_from before valid_to."""
+    if rule.valid_from is not None and rule.valid_to is not None and rule.valid_to <= rule.valid_from:
+        raise ValueError(f"rule {rule.id}: valid_to {rule.valid_to} is not after valid_from {rule.valid_from} "
+                         "(valid_to is exclusive)")
+    return rule
+
+
 class Rule(StrictModel):
     id: str
     owner: str
@@ -72,10 +80,12 @@ class Rule(StrictModel):
     valid_from: date | None = Field(None, description="first day the rule applies (inclusive)")
     valid_to: date | None = Field(None, description="day the rule stops applying (exclusive)")
 
+    _dates = model_validator(mode="after")(_check_dates)
+
 
 class Recency(StrictModel):
-    max_age_days: int | None = Field(None, description="last access at most this many days before month end")
-    weight: Decimal
+    max_age_days: int | None = Field(None, ge=0, description="last access at most this many days before month end")
+    weight: Decimal = Field(..., ge=0)
 
 
 class SharedRule(StrictModel):
@@ -92,6 +102,8 @@ class SharedRule(StrictModel):
     valid_from: date | None = None
     valid_to: date | None = None
 
+    _dates = model_validator(mode="after")(_check_dates)
+
     @model_validator(mode="after")
     def _method_args(self):
         if self.method == "usage_share":
@@ -103,7 +115,7 @@ class SharedRule(StrictModel):
 
 
 class Budget(StrictModel):
-    amount: Decimal
+    amount: Decimal = Field(..., ge=0)
     currency: str = "USD"
 
 
@@ -111,13 +123,19 @@ class Approval(StrictModel):
     owner: str
     from_month: str = Field(..., pattern=MONTH_RE)
     to_month: str = Field(..., pattern=MONTH_RE, description="inclusive")
-    up_to: Decimal = Field(..., description="spend the approval covers, in `currency`")
+    up_to: Decimal = Field(..., ge=0, description="spend the approval covers, in `currency`")
     currency: str = "USD"
 
     @field_validator("from_month", "to_month", mode="before")
     @classmethod
     def _month_text(cls, value):
         return value.strftime("%Y-%m") if isinstance(value, date) else value
+
+    @model_validator(mode="after")
+    def _months_in_order(self):
+        if self.to_month < self.from_month:
+            raise ValueError(f"approval of {self.owner}: to_month {self.to_month} is before from_month {self.from_month}")
+        return self
 
 
 class Contact(WebhookRef):

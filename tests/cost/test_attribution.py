@@ -156,6 +156,22 @@ def test_missing_usage_file_leaves_lines_unsplit_with_a_warning(tmp_path):
     assert "kafka" in summary["warnings"][0] and allocations[0]["AllocatedMethodId"] is None
 
 
+@pytest.mark.parametrize("content, problem", [
+    (b"owner,bytes\nml,10\ndata,20,extra\n", "row 3 has more fields than the header"),
+    (b"owner,bytes\n\xff\xfe,10\n", "can't decode"),
+    (b"owner,bytes\nml,ten\n", "ten"),
+])
+def test_a_malformed_usage_file_leaves_lines_unsplit_with_a_warning_naming_it(tmp_path, content, problem):
+    (tmp_path / "usage").mkdir()
+    (tmp_path / "usage" / "msk-2024-09.csv").write_bytes(content)
+    shared = [{"id": "kafka", "match": {"service": "MSK"}, "method": "usage_share",
+               "usage": "usage/msk-{month}.csv", "weights": {"bytes": "1"}}]
+    summary, allocations = _run(tmp_path, [line("2024-09-01 00:00:00", "3", service="MSK")], shared=shared)
+    assert summary["currencies"]["USD"]["unallocated"] == "3" and allocations[0]["AllocatedMethodId"] is None
+    [warning] = [w for w in summary["warnings"] if "kafka" in w]
+    assert "msk-2024-09.csv malformed" in warning and problem in warning and "not split" in warning
+
+
 def test_owner_codes_stay_right_when_threads_meet_new_owners_together():
     """Batches are attributed on two threads: a new owner seen by both at once gets one code, and
     every code names its own owner (a wrong one would charge one owner's lines to another)."""
@@ -184,3 +200,26 @@ def test_owner_codes_stay_right_when_threads_meet_new_owners_together():
             assert all(codes.values[code] == owner for found in seen for owner, code in found.items())
     finally:
         sys.setswitchinterval(interval)
+
+
+@pytest.mark.parametrize("content, problem", [
+    ({"budgets": {"ml": {"amount": "-5"}}}, "'budgets.ml.amount': Input should be greater than or equal to 0"),
+    ({"rules": [{"id": "r", "owner": "ml", "match": {"service": "x"}, "valid_from": "2025-01-01",
+                 "valid_to": "2025-01-01"}]}, "rule r: valid_to 2025-01-01 is not after valid_from 2025-01-01"),
+    ({"approvals": [{"owner": "ml", "from_month": "2024-09", "to_month": "2024-07", "up_to": "5"}]},
+     "approval of ml: to_month 2024-07 is before from_month 2024-09"),
+    ({"approvals": [{"owner": "ml", "from_month": "2024-09", "to_month": "2024-09", "up_to": "-1"}]},
+     "'approvals.0.up_to': Input should be greater than or equal to 0"),
+    ({"shared": [{"id": "s", "match": {"service": "*"}, "method": "storage_recency", "usage": "u.csv",
+                  "recency": [{"weight": "-1"}]}]}, "'shared.0.recency.0.weight'"),
+    ({"rules": [{"id": "r", "owner": "ml", "match": {}}]}, "a match needs at least one condition"),
+])
+def test_an_owners_file_that_cannot_mean_anything_is_refused_naming_the_key(tmp_path, content, problem):
+    from seedance_tasks.cost.owners import load_owners
+    from seedance_tasks.errors import ConfigError
+
+    path = write_owners(tmp_path / "owners.yaml", **content)
+    with pytest.raises(ConfigError) as caught:
+        load_owners(str(path))
+    assert problem in caught.value.message and str(path) in caught.value.message, caught.value.message
+    assert caught.value.hint
