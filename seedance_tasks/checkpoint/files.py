@@ -40,6 +40,11 @@ def read_checkpoint(path: str | os.PathLike) -> Any:
         raise InputError(f"checkpoint file {path} does not exist")
     if kind == "safetensors":
         return _read_safetensors(path)
+    with open(path, "rb") as handle:
+        magic = handle.read(4)
+    if not (magic.startswith(b"PK\x03\x04") or magic[:1] == b"\x80"):  # torch.save: a zip archive, or a legacy pickle
+        raise InputError(f"{path} is not a torch checkpoint (neither a zip archive nor a pickle: starts with {magic!r})",
+                         hint="pass a file written by torch.save, or a .safetensors file")
     import torch
 
     try:
@@ -52,7 +57,8 @@ def read_checkpoint(path: str | os.PathLike) -> Any:
             hint="save checkpoints as plain state_dicts (tensors, dicts, lists, numbers) or as .safetensors",
         ) from None
     except (RuntimeError, EOFError, OSError, ValueError) as exc:
-        raise InputError(f"{path} is not a readable torch checkpoint: {exc}") from None
+        raise InputError(f"{path} is not a readable torch checkpoint: {exc}",
+                         hint="it is damaged or truncated: write it again with torch.save") from None
 
 
 def _read_safetensors(path: Path) -> Any:
@@ -65,7 +71,9 @@ def _read_safetensors(path: Path) -> Any:
             metadata = handle.metadata() or {}
             flat = {name: handle.get_tensor(name) for name in handle.keys()}  # noqa: SIM118
     except (SafetensorError, OSError, ValueError) as exc:
-        raise InputError(f"{path} is not a readable safetensors file: {exc}") from None
+        raise InputError(f"{path} is not a readable safetensors file: {exc}",
+                         hint="it is damaged, truncated or not safetensors: write it again with "
+                         "safetensors.torch.save_file") from None
     if TREE_KEY not in metadata:
         return flat
     try:

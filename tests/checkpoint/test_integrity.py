@@ -142,6 +142,25 @@ def test_a_pickle_that_runs_code_is_refused_without_running(tmp_path):
     assert checkpoint.latest_step(str(tmp_path / "s"), "r") is None
 
 
+@pytest.mark.parametrize("damage, expected", [
+    ("garbage", "is not a torch checkpoint (neither a zip archive nor a pickle"),
+    ("empty", "is not a torch checkpoint (neither a zip archive nor a pickle"),
+    ("truncated", "is not a readable torch checkpoint"),
+    ("safetensors", "is not a readable safetensors file"),
+])
+def test_a_file_that_is_not_a_whole_checkpoint_is_an_input_error_with_a_hint(tmp_path, damage, expected):
+    whole = tmp_path / "whole.pt"
+    torch.save({"w": torch.ones(64)}, whole)
+    path = tmp_path / ("bad.safetensors" if damage == "safetensors" else "bad.pt")
+    path.write_bytes({"garbage": b"garbage!", "empty": b"", "truncated": whole.read_bytes()[:200],
+                      "safetensors": b"\x08\x00\x00\x00\x00\x00\x00\x00{}"}[damage])
+    result = runner.invoke(app, ["ckpt", "put", str(path), "--store", str(tmp_path / "s"), "--run", "r", "--step", "1"])
+    assert result.exit_code == 1, result.output
+    assert "error: " in result.output and f"{path.name} {expected}" in " ".join(result.output.split())
+    assert "hint:" in result.output
+    assert checkpoint.latest_step(str(tmp_path / "s"), "r") is None
+
+
 def test_bf16_lossy_path_keeps_its_error_bound_and_says_so(tmp_path, gpt_states, caplog):
     step, state = gpt_states[-1]
     store = str(tmp_path / "s")
