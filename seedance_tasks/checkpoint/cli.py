@@ -77,16 +77,23 @@ def get(
     step: int = typer.Option(None, "--step", min=0, help="step to restore (default: the latest)"),
     out: str = typer.Option(..., "--out", help="output file (.pt or .safetensors)"),
     fmt: str = typer.Option(None, "--format", help="pt | safetensors (default: from --out)"),
+    force: bool = typer.Option(False, "--force", help="replace --out if it exists"),
     as_json: bool = JSON_OPTION,
 ) -> None:
-    """Restore a checkpoint bit-exact (every chunk digest-verified) into a .pt or .safetensors file."""
+    """Restore a checkpoint bit-exact (every chunk digest-verified) into a .pt or .safetensors file.
+
+    An existing --out file is left alone unless --force: it may be another checkpoint."""
     import time
+    from pathlib import Path
 
     from seedance_tasks import storage
     from seedance_tasks.checkpoint import _settings
     from seedance_tasks.checkpoint.files import write_checkpoint
     from seedance_tasks.checkpoint.store import check_run_name, load_state, read_manifest, resolve_step
+    from seedance_tasks.errors import RefusedError
 
+    if Path(out).exists() and not force:
+        raise RefusedError(f"{out} exists; not replaced", hint="pass --force to replace it, or choose another --out")
     started = time.perf_counter()
     location = storage.resolve(store)
     wanted = read_manifest(location, run, resolve_step(location, check_run_name(run), step))

@@ -14,7 +14,7 @@ from seedance_tasks.checkpoint import store as ckstore
 from seedance_tasks.cli import app
 from seedance_tasks.errors import IntegrityError, RefusedError
 
-from .conftest import first_data_file
+from .conftest import assert_same, first_data_file
 
 runner = CliRunner()
 
@@ -159,6 +159,18 @@ def test_a_file_that_is_not_a_whole_checkpoint_is_an_input_error_with_a_hint(tmp
     assert "error: " in result.output and f"{path.name} {expected}" in " ".join(result.output.split())
     assert "hint:" in result.output
     assert checkpoint.latest_step(str(tmp_path / "s"), "r") is None
+
+
+def test_get_leaves_an_existing_output_alone_unless_forced(chain, tmp_path):
+    out = tmp_path / "mine.pt"
+    out.write_bytes(b"someone else's checkpoint")
+    refused = _get(chain, 30, out)
+    assert refused.exit_code == 3 and "exists; not replaced" in refused.output and "--force" in refused.output
+    assert out.read_bytes() == b"someone else's checkpoint"
+    forced = runner.invoke(app, ["ckpt", "get", "--store", str(chain), "--run", "r", "--step", "30", "--out", str(out),
+                                 "--force"])
+    assert forced.exit_code == 0, forced.output
+    assert_same(checkpoint.load(str(chain), "r", 30), torch.load(out, weights_only=True))
 
 
 def test_bf16_lossy_path_keeps_its_error_bound_and_says_so(tmp_path, gpt_states, caplog):
