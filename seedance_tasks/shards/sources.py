@@ -14,6 +14,7 @@ reported once.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import posixpath
 import random
@@ -158,6 +159,7 @@ def _parquet_samples(source: Source, shuffle: bool, seed: int,
 
     key_column = source.key_column
     rng = random.Random(seed)
+    seen: set[int] = set()  # 64-bit digests of the keys yielded: a repeated key would merge two samples
     units = []  # (file, row group) pairs: a block shuffle keeps memory to one row group
     for item in source.files:
         relative = source.location.relative(item.path)
@@ -202,10 +204,18 @@ def _parquet_samples(source: Source, shuffle: bool, seed: int,
                 source.rejected.append(Rejected(key, f"{relative}#row{row}", f"incomplete: no {', '.join(missing)}"))
             elif bad_key:
                 source.rejected.append(Rejected(key, f"{relative}#row{row}", "key contains '/', '.' or a hidden prefix"))
+            elif (digest := _key_digest(key)) in seen:
+                source.rejected.append(Rejected(key, f"{relative}#row{row}", "duplicate key: an earlier row has it "
+                                                "(a reader would merge the two samples)"))
             elif check and (problem := check(key, members)):
                 source.rejected.append(Rejected(key, f"{relative}#row{row}", problem))
             else:
+                seen.add(digest)
                 yield key, members
+
+
+def _key_digest(key: str) -> int:
+    return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little")
 
 
 def iter_source_samples(

@@ -105,6 +105,28 @@ def test_build_from_parquet_and_unreadable_files_are_reported(tmp_path):
     assert set(sample.members) == {"jpg", "cls", "txt"} and sample.members["cls"] == b"0"
 
 
+def test_a_parquet_key_seen_before_is_rejected_not_written_twice(tmp_path):
+    """Two rows with one key would come out as one sample with doubled members (or across shards,
+    as the duplicates `verify` refuses): the later rows are rejected with their row and reason."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from seedance_tasks.shards.sample import jpeg_bytes, photo_like
+
+    image = jpeg_bytes(photo_like(np.random.default_rng(0), 32, 32))
+    (tmp_path / "src").mkdir()
+    pq.write_table(pa.table({"__key__": ["a", "b", "a"], "jpg": [image] * 3, "cls": ["0", "1", "2"]}),
+                   tmp_path / "src" / "part-0.parquet")
+    pq.write_table(pa.table({"__key__": ["b", "c"], "jpg": [image] * 2, "cls": ["3", "4"]}),
+                   tmp_path / "src" / "part-1.parquet")
+    result = build(str(tmp_path / "src"), str(tmp_path / "shards"))
+    assert sorted(read_keys(tmp_path / "shards")) == ["a", "b", "c"] and result["samples"] == 3
+    duplicates = sorted(item["source"] for item in result["rejected"] if "duplicate key" in item["reason"])
+    assert duplicates == ["part-0.parquet#row2", "part-1.parquet#row0"]
+    assert verify(str(tmp_path / "shards"), check_decode=True)["problems"] == []
+
+
 def test_rebuild_is_a_no_op_and_a_different_build_is_refused(tmp_path):
     make_sample_files(tmp_path / "src", 12)
     first = build(str(tmp_path / "src"), str(tmp_path / "shards"))
