@@ -10,12 +10,12 @@ app = typer.Typer(help="Training launch: plan NCCL settings, launch torchrun, re
 
 TOPOLOGY_OPTION = typer.Option(None, "--topology", help="saved `nvidia-smi topo -m` output")
 DETECT_OPTION = typer.Option(False, "--detect", help="run `nvidia-smi topo -m` on this machine")
-MACHINE_OPTION = typer.Option(0, "--machine", help="which matrix of a file holding several (0 = first)")
+MACHINE_OPTION = typer.Option(0, "--machine", min=0, help="which matrix of a file holding several (0 = first)")
 SET_OPTION = typer.Option(None, "--set", help="override an env variable: NAME=value (repeatable); validated")
-NPROC_OPTION = typer.Option(None, "--nproc-per-node", help="processes per node (0 = one per GPU)")
+NPROC_OPTION = typer.Option(None, "--nproc-per-node", min=0, help="processes per node (0 = one per GPU)")
 PROFILE_OPTION = typer.Option(None, "--profile", help="NCCL profile name (default: auto)")
 RDZV_OPTION = typer.Option(None, "--rdzv-endpoint", help="HOST:PORT of the rendezvous, for more than one node")
-RESTARTS_OPTION = typer.Option(None, "--max-restarts", help="torchrun restarts of the worker group; each resumes")
+RESTARTS_OPTION = typer.Option(None, "--max-restarts", min=0, help="torchrun restarts of the worker group; each resumes")
 
 
 def _topology(topology: str | None, detect: bool, machine: int):
@@ -66,7 +66,7 @@ def plan_command(
     topology: str = TOPOLOGY_OPTION,
     detect: bool = DETECT_OPTION,
     machine: int = MACHINE_OPTION,
-    nodes: int = typer.Option(None, "--nodes", help="nodes in the job (default: training.nnodes)"),
+    nodes: int = typer.Option(None, "--nodes", min=1, help="nodes in the job (default: training.nnodes)"),
     nproc_per_node: int = NPROC_OPTION,
     profile: str = PROFILE_OPTION,
     rdzv_endpoint: str = RDZV_OPTION,
@@ -101,13 +101,13 @@ def launch_command(
     topology: str = TOPOLOGY_OPTION,
     detect: bool = DETECT_OPTION,
     nproc_per_node: int = NPROC_OPTION,
-    nnodes: int = typer.Option(None, "--nnodes", help="nodes in the job"),
+    nnodes: int = typer.Option(None, "--nnodes", min=1, help="nodes in the job"),
     rdzv_endpoint: str = RDZV_OPTION,
     backend: str = typer.Option(None, "--backend", help="nccl | gloo (default: nccl with GPUs)"),
-    steps: int = typer.Option(None, "--steps", help="optimizer steps"),
+    steps: int = typer.Option(None, "--steps", min=1, help="optimizer steps"),
     checkpoint_store: str = typer.Option(None, "--checkpoint-store", help="checkpoint store URI"),
     run: str = typer.Option(None, "--run", help="run name in the store (resume continues it)"),
-    checkpoint_every: int = typer.Option(None, "--checkpoint-every", help="save every K steps"),
+    checkpoint_every: int = typer.Option(None, "--checkpoint-every", min=0, help="save every K steps (0 = only at the end)"),
     data: str = typer.Option(None, "--data", help="preprocessed shards (default: synthetic tokens)"),
     max_restarts: int = RESTARTS_OPTION,
     profile: str = PROFILE_OPTION,
@@ -202,8 +202,8 @@ def health_command(
 @app.command("schedule")
 @handle_errors
 def schedule_command(
-    steps: int = typer.Option(None, "--steps", help="run length (default: training.steps)"),
-    world_size: int = typer.Option(2, "--world-size", help="ranks in the job"),
+    steps: int = typer.Option(None, "--steps", min=1, help="run length (default: training.steps)"),
+    world_size: int = typer.Option(2, "--world-size", min=1, help="ranks in the job"),
     as_json: bool = JSON_OPTION,
 ) -> None:
     """The batch-size schedule step by step: target batch, accumulation, realised batch, LR."""

@@ -196,7 +196,8 @@ def make_plan(
     nproc = nproc_per_node or (len(gpus) if gpus else 2)
     warnings: list[str] = []
     if gpus and nproc > len(gpus):
-        raise UsageError(f"--nproc-per-node {nproc} but the machine has {len(gpus)} GPUs")
+        raise UsageError(f"--nproc-per-node {nproc} but the machine has {len(gpus)} GPUs",
+                         hint=f"pass at most {len(gpus)}, or 0 for one process per GPU")
     if topology and topology.pcie_only_view:
         warnings.append("this is a PCIe-only view (`nvidia-smi topo -mp`): NVLinks are not shown; "
                         "plan from `nvidia-smi topo -m` to see them")

@@ -216,3 +216,15 @@ def test_cli_health_exits_with_the_failed_verdict_text():
     result = CliRunner().invoke(app, ["train", "health", str(WARN_LOGS / "socket_connection_closed.log")])
     assert "TCP connection between ranks failed" in result.output
     assert "ok: NCCL initialised" not in result.output
+
+
+@pytest.mark.parametrize("args, option", [
+    (["train", "schedule", "--world-size", "0"], "--world-size"),
+    (["train", "schedule", "--steps", "0"], "--steps"),
+    (["train", "plan", "--nodes", "0"], "--nodes"),
+    (["train", "plan", "--nproc-per-node", "-1"], "--nproc-per-node"),
+    (["train", "launch", "--nnodes", "0"], "--nnodes"),
+])
+def test_counts_that_cannot_be_are_refused_as_usage_errors(args, option):
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2 and option in result.output and "Traceback" not in result.output
