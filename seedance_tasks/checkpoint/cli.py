@@ -99,7 +99,7 @@ def get(
     wanted = read_manifest(location, run, resolve_step(location, check_run_name(run), step))
     with progress("restoring", sum(t["nbytes"] for t in wanted["tensors"]), enabled=not as_json) as advance:
         state, manifest = load_state(store, run, step, workers=_settings().workers, progress=advance)
-    size = write_checkpoint(state, out, fmt)
+    size = write_checkpoint(state, out, fmt, replace=force)
     result = {
         "run": run, "step": manifest["step"], "out": out, "bytes": size, "kind": manifest["kind"],
         "chain": manifest.get("chain", []), "lossy": manifest.get("lossy"),

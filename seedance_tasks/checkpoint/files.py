@@ -84,11 +84,12 @@ def _read_safetensors(path: Path) -> Any:
         raise InputError(f"{path}: its {TREE_KEY} metadata is malformed ({exc})") from None
 
 
-def write_checkpoint(state: Any, path: str | os.PathLike, fmt: str | None = None) -> int:
+def write_checkpoint(state: Any, path: str | os.PathLike, fmt: str | None = None, *, replace: bool = True) -> int:
     """Write `state` to `path` (.pt via torch.save, or .safetensors with the tree in its metadata).
 
     Writes a hidden temporary file next to `path` and renames it; nothing is left on failure.
-    Returns the bytes written.
+    With `replace=False` the name is taken only if free (a hard link: a file that appeared
+    meanwhile, another writer's, is kept and RefusedError raised). Returns the bytes written.
     """
     path = Path(path)
     fmt = fmt or file_format(path)
@@ -104,7 +105,16 @@ def write_checkpoint(state: Any, path: str | os.PathLike, fmt: str | None = None
             torch.save(state, temp)
         else:
             _write_safetensors(state, temp)
-        os.replace(temp, path)
+        if replace:
+            os.replace(temp, path)
+        else:
+            try:
+                os.link(temp, path)
+            except FileExistsError:
+                raise RefusedError(f"{path} exists; not replaced",
+                                   hint="pass --force to replace it, or choose another --out") from None
+            finally:
+                Path(temp).unlink(missing_ok=True)
     except BaseException:
         Path(temp).unlink(missing_ok=True)
         raise

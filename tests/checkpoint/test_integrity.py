@@ -173,6 +173,18 @@ def test_get_leaves_an_existing_output_alone_unless_forced(chain, tmp_path):
     assert_same(checkpoint.load(str(chain), "r", 30), torch.load(out, weights_only=True))
 
 
+def test_a_file_that_appears_during_a_restore_is_not_replaced(tmp_path):
+    """The CLI checks --out first; the last step takes the name only if it is still free (another
+    writer's file that appeared meanwhile stays)."""
+    from seedance_tasks.checkpoint.files import write_checkpoint
+
+    out = tmp_path / "raced.pt"
+    out.write_bytes(b"theirs")
+    with pytest.raises(RefusedError, match="exists; not replaced"):
+        write_checkpoint({"w": torch.ones(4)}, out, replace=False)
+    assert out.read_bytes() == b"theirs" and [p.name for p in tmp_path.iterdir()] == ["raced.pt"]
+
+
 def test_bf16_lossy_path_keeps_its_error_bound_and_says_so(tmp_path, gpt_states, caplog):
     step, state = gpt_states[-1]
     store = str(tmp_path / "s")
