@@ -535,6 +535,7 @@ def _write_chunks(store, run, step, tasks, pool, encode, workers, data_file_size
     directory = store.join(run, step_dir(step))
     store.fs.create_dir(directory, recursive=True)
     stream = None
+    write_back = storage.WriteBack(store.fs, None)  # started for each data file
     name = ""
     offset = 0
     window: deque = deque()
@@ -558,9 +559,11 @@ def _write_chunks(store, run, step, tasks, pool, encode, workers, data_file_size
             if stream is None or (offset and offset + codecs.payload_size(payload) > data_file_size):
                 if stream is not None:
                     stream.close()
+                    write_back.close()
                     files[name]["size"] = offset
                 name = f"data-{attempt}-{len(files):04d}.bin"
                 stream = store.fs.open_output_stream(posixpath.join(directory, name))
+                write_back = storage.WriteBack(store.fs, posixpath.join(directory, name))
                 files[name] = {"size": 0, "tier": "hot", "uri": None}
                 offset = 0
             length = codecs.payload_size(payload)
@@ -570,6 +573,7 @@ def _write_chunks(store, run, step, tasks, pool, encode, workers, data_file_size
                 {"file": name, "offset": offset, "length": length, "raw": stop - start, "blake3": digest}
             )
             offset += length
+            write_back.written(offset)
             if progress:
                 progress(stop - start)
         if stream is None:  # a checkpoint without tensors still gets its (empty) data file
@@ -577,6 +581,7 @@ def _write_chunks(store, run, step, tasks, pool, encode, workers, data_file_size
             stream = store.fs.open_output_stream(posixpath.join(directory, name))
             files[name] = {"size": 0, "tier": "hot", "uri": None}
         stream.close()
+        write_back.close()
         files[name]["size"] = offset
         stream = None
         # on disk before the manifest names them, and the step's folder in the run's: a power loss after
@@ -588,6 +593,7 @@ def _write_chunks(store, run, step, tasks, pool, encode, workers, data_file_size
         if stream is not None:
             stream.close()
             stream = None
+        write_back.close()
         _discard(store, run, step, files)
         raise
     finally:

@@ -171,6 +171,7 @@ class _RollingWriter:
         self.pending_bytes = 0
         self.writer: pq.ParquetWriter | None = None
         self.sink = None
+        self.write_back = storage.WriteBack(root.fs, None)
         self.dictionary: list[str] | None = None
         self.ratio = 1.0  # compressed / uncompressed, learnt from the row groups written so far
         self.outputs: list[dict] = []  # {"staged", "final"} relative paths
@@ -202,6 +203,7 @@ class _RollingWriter:
             self.dictionary = _dictionary_columns(sample, self.settings.dictionary_max_cardinality)
         compression = None if self.settings.compression == "none" else self.settings.compression
         self.sink = self.root.fs.open_output_stream(self.root.join(names["staged"]))
+        self.write_back = storage.WriteBack(self.root.fs, self.root.join(names["staged"]))
         self.writer = pq.ParquetWriter(
             self.sink,
             self.schema,
@@ -225,12 +227,14 @@ class _RollingWriter:
         before = self.sink.tell()
         self.writer.write_table(table, row_group_size=table.num_rows)
         written = self.sink.tell() - before
+        self.write_back.written(self.sink.tell())
         if uncompressed:
             self.ratio = max(written / uncompressed, 1e-3)
         if self.sink.tell() >= target * 0.97:
             self._close_current()
 
     def _close_current(self) -> None:
+        self.write_back.close()
         if self.writer is not None:
             self.writer.close()
             self.sink.close()

@@ -245,3 +245,30 @@ def test_a_save_flushes_its_data_files_and_folders_before_and_after_the_commit(t
     assert not missing, f"data files not flushed before the commit: {missing}"
     assert {str(step_folder), str(store / "r")} <= synced_before
     assert ("fsync", str(step_folder)) in events[commit + 1:], "the manifest's new name was not flushed"
+
+
+def test_a_save_starts_the_write_back_of_its_data_files_while_writing_them(tmp_path, drifting, monkeypatch):
+    """The fsync before the commit then waits for a data file's tail only, not for all of it."""
+    import os
+
+    from seedance_tasks import storage as storage_module
+
+    calls = []
+    monkeypatch.setattr(storage_module.os, "posix_fadvise", lambda fd, offset, length, _: calls.append(
+        (os.readlink(f"/proc/self/fd/{fd}"), offset, length)))
+    monkeypatch.setattr(storage_module.WriteBack, "STEP", 64 * 1024)
+    ckstore._CACHE.clear()
+    store = tmp_path / "store"
+    (_, state), = drifting[:1]
+    checkpoint.save(state, str(store), "r", 0, chunk_size="64KiB", data_file_size="256KiB")
+    hinted: dict[str, int] = {}
+    for path, offset, length in calls:
+        assert offset == hinted.get(path, 0), "hints must cover a file from its start, without gaps"
+        hinted[path] = offset + length
+    files = _manifest(store, 0)["files"]
+    step_folder = store / "r" / "step-0"
+    for name, entry in files.items():
+        if entry["size"] >= 2 * 64 * 1024:
+            assert entry["size"] - 64 * 1024 < hinted[str(step_folder / name)] <= entry["size"], name
+    assert hinted, "no data file was large enough to be hinted"
+    assert checkpoint.load(str(store), "r", 0).keys() == state.keys()

@@ -269,3 +269,22 @@ def test_compaction_runs_on_a_pool_that_keeps_freed_memory_and_restores_the_defa
         assert pa.default_memory_pool().backend_name == "jemalloc"  # the inner exit kept it
     assert pa.default_memory_pool().backend_name == before
     assert table.column("x")[999].as_py() == 999  # a buffer from the other pool is still valid
+
+
+def test_staged_files_have_their_write_back_started_while_they_are_written(lake, small_settings, monkeypatch):
+    """So that the fsync before the journal commits waits only for a file's last row groups."""
+    from seedance_tasks import storage
+
+    calls = []
+    monkeypatch.setattr(storage.os, "posix_fadvise", lambda fd, offset, length, _: calls.append(
+        (os.readlink(f"/proc/self/fd/{fd}"), offset, length)))
+    monkeypatch.setattr(storage.WriteBack, "STEP", 16 * 1024)
+    before = read_lake(lake)
+    report = compact_dataset(str(lake), small_settings)
+    assert read_lake(lake).equals(before)
+    hinted: dict[str, int] = {}
+    for path, offset, length in calls:
+        assert offset == hinted.get(path, 0), "hints must cover the file from its start, without gaps"
+        hinted[path] = offset + length
+    assert hinted and all(os.path.basename(path).startswith(".") for path in hinted), "only staged files"
+    assert len(hinted) == report["files_after"]

@@ -145,3 +145,55 @@ def test_s3_endpoint_and_credentials_from_an_airflow_connection(s3_server, s3_bu
         out.write(b"ok")
     monkeypatch.setenv("AWS_ENDPOINT_URL", s3_server)
     assert storage.boto3_client("s3").get_object(Bucket=s3_bucket, Key="via-connection/x")["Body"].read() == b"ok"
+
+
+def _record_write_back(monkeypatch) -> list[tuple[str, int, int]]:
+    """Record every write-back hint as (file, offset, length)."""
+    import os
+
+    calls: list[tuple[str, int, int]] = []
+
+    def fadvise(descriptor, offset, length, advice):
+        assert advice == os.POSIX_FADV_DONTNEED
+        calls.append((os.readlink(f"/proc/self/fd/{descriptor}"), offset, length))
+
+    monkeypatch.setattr(storage.os, "posix_fadvise", fadvise)
+    return calls
+
+
+def test_write_back_is_queued_in_steps_covering_what_was_written(tmp_path, monkeypatch):
+    calls = _record_write_back(monkeypatch)
+    monkeypatch.setattr(storage.WriteBack, "STEP", 1000)
+    root = storage.resolve(tmp_path)
+    path = root.join("f.bin")
+    with root.fs.open_output_stream(path) as stream:
+        write_back = storage.WriteBack(root.fs, path)
+        for _ in range(25):
+            stream.write(b"x" * 300)
+            write_back.written(stream.tell())
+        write_back.close()
+        write_back.close()
+    assert {name for name, _, _ in calls} == {path}
+    spans = [(offset, offset + length) for _, offset, length in calls]
+    assert spans[0][0] == 0 and all(a[1] == b[0] for a, b in zip(spans, spans[1:], strict=False))  # contiguous, no gaps
+    assert all(stop - start >= 1000 for start, stop in spans)
+    assert 7500 - 1000 < spans[-1][1] <= 7500  # only the last, unfilled step is left to the fsync
+    assert (tmp_path / "f.bin").stat().st_size == 7500
+
+
+def test_write_back_never_fails_a_write_and_does_nothing_without_a_local_file(tmp_path, monkeypatch, s3_bucket):
+    def broken(*_):
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(storage.os, "posix_fadvise", broken)
+    root = storage.resolve(tmp_path)
+    (tmp_path / "f.bin").write_bytes(b"x" * 100)
+    write_back = storage.WriteBack(root.fs, root.join("f.bin"))
+    write_back.written(10**9)  # the hint fails: the write goes on
+    write_back.close()
+    calls = _record_write_back(monkeypatch)
+    for fs, path in ((root.fs, None), (root.fs, root.join("missing.bin")), (storage.resolve(f"s3://{s3_bucket}").fs, f"{s3_bucket}/k")):
+        write_back = storage.WriteBack(fs, path)
+        write_back.written(10**9)
+        write_back.close()
+    assert calls == []
