@@ -75,7 +75,7 @@ def trash_purge(
                         "not Seedance's, never purged; move them away yourself)")
         console.print(
             f"{verb} {len(res['purged'])} trash run(s), {res['files']:,} files, {format_size(res['bytes'])}"
-            f" from {res['trash']}; kept {', '.join(kept)}"
+            f" from {res['trash']}; kept {', '.join(kept)}", markup=False
         )
         if res["purged"]:
             console.print(table("trash runs", ["run id"], [[run] for run in res["purged"]]))

@@ -15,6 +15,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from seedance_tasks.boundary import classify, debug_enabled
 
@@ -89,14 +90,16 @@ def emit(result: Any, as_json: bool, render: Callable[[Any], None]) -> None:
 
 
 def table(title: str, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> Table:
-    """A rich table with right-aligned numbers."""
+    """A rich table with right-aligned numbers; cells are shown as they are (a '[' in a file name
+    is not console markup). The title may use markup: it is the caller's text."""
     out = Table(title=title, title_justify="left")
     materialized = [list(row) for row in rows]
     for index, name in enumerate(columns):
         numeric = bool(materialized) and all(isinstance(row[index], int | float) for row in materialized)
         out.add_column(name, justify="right" if numeric else "left")
     for row in materialized:
-        out.add_row(*(f"{cell:,}" if isinstance(cell, int) else str(cell) for cell in row))
+        out.add_row(*(cell if isinstance(cell, Text) else Text(f"{cell:,}" if isinstance(cell, int) else str(cell))
+                      for cell in row))
     return out
 
 

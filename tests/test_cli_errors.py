@@ -274,3 +274,15 @@ def test_a_malformed_yaml_file_is_one_error_line_with_its_line_and_a_hint(tmp_pa
     [line] = error_lines(result.stderr)
     assert str(broken) in line and "not valid YAML" in line and "line 3, column 1" in line, line
     assert "hint: fix the YAML" in result.stderr
+
+
+def test_table_cells_are_shown_as_they_are_not_as_console_markup():
+    from rich.console import Console
+
+    from seedance_tasks.cli_support import table
+
+    out = Console(record=True, width=200)
+    out.print(table("[bold]title[/]", ["name", "rows"], [["p=[red]x[/]", 3], ["[link=http://a]y", 1234]]))
+    text = out.export_text()
+    assert "p=[red]x[/]" in text and "[link=http://a]y" in text and "1,234" in text
+    assert "[bold]" not in text  # the title is the caller's markup

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from seedance_tasks.cli_support import JSON_OPTION, console, emit, handle_errors, progress, table
+from seedance_tasks.cli_support import JSON_OPTION, console, emit, escape, handle_errors, progress, table
 
 app = typer.Typer(help="Checkpoint store: put, get, ls, verify.", no_args_is_help=True)
 
@@ -63,7 +63,7 @@ def put(
         console.print(
             f"stored {res['run']}/step-{res['step']} ({res['kind']}{base}): {_size(res['raw_bytes'])} -> "
             f"{_size(res['stored_bytes'])}, {res['ratio']}x, {res['mb_per_s']} MB/s"
-            + (f"; lossy {res['lossy']}" if res["lossy"] else "")
+            + (f"; lossy {res['lossy']}" if res["lossy"] else ""), markup=False
         )
 
     emit(result, as_json, render)
@@ -108,7 +108,7 @@ def get(
 
     def render(res: dict) -> None:
         chain = f" (read {len(res['chain'])} base checkpoint(s))" if res["chain"] else ""
-        console.print(f"restored {run}/step-{res['step']} to {out}: {_size(res['bytes'])}{chain}, verified")
+        console.print(f"restored {run}/step-{res['step']} to {out}: {_size(res['bytes'])}{chain}, verified", markup=False)
         if res["lossy"]:
             console.print(f"[yellow]note:[/] stored lossy ({res['lossy']}): tensors carry {res['lossy']} precision")
 
@@ -131,7 +131,7 @@ def ls(
     def render(items: list[dict]) -> None:
         console.print(
             table(
-                f"checkpoints in {store}",
+                f"checkpoints in {escape(store)}",
                 ["run", "step", "kind", "base", "raw", "stored", "ratio", "tier", "age"],
                 [
                     [r["run"], r["step"], r["kind"] + (f" ({r['lossy']})" if r["lossy"] else ""),
@@ -161,9 +161,9 @@ def verify(
         result = verify_run(store, run, step, workers=_settings().workers, on_progress=bar.update)
 
     def render(res: dict) -> None:
-        console.print(f"verified {len(res['checked'])} checkpoint(s) of {run}: {len(res['damaged'])} damaged")
+        console.print(f"verified {len(res['checked'])} checkpoint(s) of {run}: {len(res['damaged'])} damaged", markup=False)
         for item in res["damaged"]:
-            console.print(f"[red]step {item['step']}:[/] {item['error']}", highlight=False)
+            console.print(f"[red]step {item['step']}:[/] {escape(item['error'])}", highlight=False)
 
     emit(result, as_json, render)
     if result["damaged"]:

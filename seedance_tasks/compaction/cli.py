@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from seedance_tasks.cli_support import JSON_OPTION, console, emit, handle_errors, progress, table
+from seedance_tasks.cli_support import JSON_OPTION, console, emit, escape, handle_errors, progress, table
 
 
 @handle_errors
@@ -45,10 +45,10 @@ def render_report(report: dict) -> None:
     from seedance_tasks.units import format_size
 
     for item in report["recovered"]:
-        console.print(f"[yellow]recovered interrupted run {item['run_id']}: {item['action']}[/]")
+        console.print(f"[yellow]recovered interrupted run {escape(item['run_id'])}: {escape(item['action'])}[/]")
     verb = "would compact" if report["dry_run"] else "compacted"
     headline = (
-        f"{verb} {report['partitions_compacted']} partition(s) of {report['uri']}: "
+        f"{verb} {report['partitions_compacted']} partition(s) of {escape(report['uri'])}: "
         f"{report['files_before']:,} files -> {report['files_after']:,}"
     )
     if report["bytes_before"]:
@@ -69,12 +69,12 @@ def render_report(report: dict) -> None:
         console.print(table("partitions to compact", ["partition", "files", "bytes"],
                             [[p["partition"], p["files"], format_size(p["bytes"])] for p in report["partitions"]]))
     for item in report["skipped"]:
-        console.print(f"[dim]skipped {item['partition']}: {item['reason']}[/]")
+        console.print(f"[dim]skipped {escape(item['partition'])}: {escape(item['reason'])}[/]")
     for item in report["quarantined"]:
-        console.print(f"[red]quarantined {item['file']}[/]: {item['reason']} -> {item['moved_to']}")
+        console.print(f"[red]quarantined {escape(item['file'])}[/]: {escape(item['reason'])} -> {escape(item['moved_to'])}")
     saving = report["estimated_monthly_saving"]
     console.print(f"estimated saving: {saving['s3_requests']:,} S3 requests/month (${saving['usd']}; {saving['basis']})")
     if report.get("trash"):
-        console.print(f"old files kept in {report['trash']} until `seedance trash purge`")
+        console.print(f"old files kept in {escape(report['trash'])} until `seedance trash purge`")
     if report.get("mb_per_s"):
         console.print(f"[dim]{report['seconds']} s, {report['mb_per_s']} MB/s[/]")

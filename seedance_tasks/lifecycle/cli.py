@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from seedance_tasks.cli_support import JSON_OPTION, console, emit, handle_errors, progress, table
+from seedance_tasks.cli_support import JSON_OPTION, console, emit, escape, handle_errors, progress, table
 
 STORE_OPTION = typer.Option(None, "--store", help="checkpoint store (default: lifecycle.store, else checkpoint.store)")
 
@@ -65,7 +65,7 @@ def gc(
         verb = "deleted" if res["applied"] else "would delete"
         console.print(
             f"{verb} {res['checkpoints_deleted']} checkpoint(s), {_size(res['bytes_freed'])}; "
-            f"kept {res['checkpoints_kept']}"
+            f"kept {res['checkpoints_kept']}", markup=False
         )
         rows = [
             [p["run"], item["step"], item["kind"], item["tier"], _size(item["bytes"])]
@@ -80,10 +80,10 @@ def gc(
         console.print(table("kept", ["run", "step", "why"], kept))
         for p in res["runs"]:
             for step, lost in p["unrestorable_kept"].items():
-                console.print(f"[red]warning:[/] {p['run']}/step-{step} is kept but its base(s) {lost} are missing")
+                console.print(f"[red]warning:[/] {escape(p['run'])}/step-{step} is kept but its base(s) {lost} are missing")
         console.print(_cost_line(res["cost"]))
         if res["applied"] and (res["checkpoints_deleted"] or res["stray_files"]):
-            console.print(f"bytes are freed by: seedance trash purge {res['store']} --older-than 7d")
+            console.print(f"bytes are freed by: seedance trash purge {res['store']} --older-than 7d", markup=False)
         elif not res["applied"]:
             console.print("dry run: nothing changed (add --apply)")
 
@@ -112,9 +112,9 @@ def tier(
             console.print(table("tiering", ["run", "step", "from", "to", "size"],
                                 [[m["run"], m["step"], m["from"], m["to"], _size(m["bytes"])] for m in res["moves"]]))
         for note in res["notes"]:
-            console.print(f"[yellow]note:[/] {note}")
+            console.print(f"[yellow]note:[/] {escape(note)}")
         for item in res["skipped"]:
-            console.print(f"[yellow]skipped[/] {item['run']}/step-{item['step']}: {item['reason']}")
+            console.print(f"[yellow]skipped[/] {escape(item['run'])}/step-{item['step']}: {escape(item['reason'])}")
         console.print(_cost_line(res["cost"]))
         if not res["applied"]:
             console.print("dry run: nothing changed (add --apply)")
@@ -141,7 +141,8 @@ def thaw(
     def render(res: dict) -> None:
         console.print(
             f"{run}/step-{res['step']}: {res['requested']} restore request(s) sent; "
-            + ("every file is readable now" if res["ready"] else "not readable yet: retry `ckpt get` later")
+            + ("every file is readable now" if res["ready"] else "not readable yet: retry `ckpt get` later"),
+            markup=False,
         )
         console.print(table("files", ["step", "file", "class", "state", "action"],
                             [[f["step"], f["uri"], f["storage_class"] or "local", f["state"], f["action"]]
@@ -162,7 +163,7 @@ def tag(
     from seedance_tasks.lifecycle.inventory import set_tags
 
     result = set_tags(_store(store), run, step, add=[] if remove else tags, remove=tags if remove else [])
-    emit(result, as_json, lambda res: console.print(f"{run}/step-{step} tags: {', '.join(res['tags']) or '(none)'}"))
+    emit(result, as_json, lambda res: console.print(f"{run}/step-{step} tags: {', '.join(res['tags']) or '(none)'}", markup=False))
 
 
 def cost(
@@ -175,10 +176,10 @@ def cost(
     result = store_report(_store(store))
 
     def render(res: dict) -> None:
-        console.print(table(f"checkpoint storage of {res['store']}", ["tier", "files", "bytes", "USD/month"],
+        console.print(table(f"checkpoint storage of {escape(res['store'])}", ["tier", "files", "bytes", "USD/month"],
                             [[t, r["files"], _size(r["bytes"]), r["monthly_usd"]] for t, r in res["tiers"].items()]))
         console.print(f"{res['checkpoints']} checkpoint(s), {_size(res['bytes'])}, ${res['monthly_usd']}/month; "
-                      f"trash {_size(res['trash_bytes'])}")
+                      f"trash {_size(res['trash_bytes'])}", markup=False)
 
     emit(result, as_json, render)
 

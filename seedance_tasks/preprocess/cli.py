@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from seedance_tasks.cli_support import JSON_OPTION, console, emit, handle_errors, progress, table
+from seedance_tasks.cli_support import JSON_OPTION, console, emit, escape, handle_errors, progress, table
 
 app = typer.Typer(help="The I/O-pool / CPU-pool preprocessing pipeline.", no_args_is_help=True)
 
@@ -43,12 +43,13 @@ def run_command(
 
 def _render_run(result: dict) -> None:
     if not result["shards"]:
-        console.print(f"nothing to do: all {len(result['skipped'])} shard(s) already preprocessed in {result['out']}")
+        console.print(f"nothing to do: all {len(result['skipped'])} shard(s) already preprocessed in {result['out']}", markup=False)
         return
     console.print(
         f"preprocessed {result['samples_in']:,} samples from {result['shards']} shard(s) into {result['out']}: "
         f"{result['samples_out']:,} written, {len(result['failed'])} failed; "
-        f"{result['samples_per_s']} samples/s ({result['io_workers']} I/O thread(s), {result['cpu_workers']} CPU process(es))"
+        f"{result['samples_per_s']} samples/s ({result['io_workers']} I/O thread(s), {result['cpu_workers']} CPU process(es))",
+        markup=False,
     )
     console.print(table("time per stage", ["stage", "seconds", "share"],
                         [[stage, result["stage_seconds"][stage], f"{share:.0%}"]
@@ -58,7 +59,7 @@ def _render_run(result: dict) -> None:
                             [[f["shard"], f["key"], f["reason"]] for f in result["failed"][:50]]))
     if result["skipped"]:
         console.print(f"[dim]skipped {len(result['skipped'])} shard(s) already done[/]")
-    console.print(f"[dim]pools: {result['pools_basis']}; index {result.get('index')}[/]")
+    console.print(f"[dim]pools: {escape(result['pools_basis'])}; index {escape(str(result.get('index')))}[/]")
 
 
 @app.command("tune")
@@ -85,6 +86,6 @@ def tune_command(
             rows.append([row["io_workers"], row["cpu_workers"], row["samples_per_s"], shares, mark])
         console.print(table(f"pool splits on {res['samples']} samples, {res['cores']} core(s)",
                             ["I/O threads", "CPU processes", "samples/s", "stage shares", ""], rows))
-        console.print(res["hint"])
+        console.print(res["hint"], markup=False)
 
     emit(result, as_json, render)

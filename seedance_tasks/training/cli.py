@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from seedance_tasks.cli_support import JSON_OPTION, console, emit, err_console, handle_errors, table
+from seedance_tasks.cli_support import JSON_OPTION, console, emit, err_console, escape, handle_errors, table
 
 app = typer.Typer(help="Training launch: plan NCCL settings, launch torchrun, read job health.", no_args_is_help=True)
 
@@ -38,14 +38,15 @@ def _topology(topology: str | None, detect: bool, machine: int):
 
 def _render_plan(plan: dict) -> None:
     profile = plan["profile"]
-    console.print(f"[bold]profile[/] {profile['name']} — {profile['description']}  [dim]({profile['why']})[/]")
+    console.print(f"[bold]profile[/] {escape(profile['name'])} — {escape(profile['description'])}  "
+                  f"[dim]({escape(profile['why'])})[/]")
     if plan["gpus"]:
         names = plan["gpus"]
         rows = [[a, *[plan["links"][a].get(b, "") for b in names], str(plan["numa"].get(a, "")),
                  plan["cpu_affinity"].get(a) or ""] for a in plan["gpus"]]
         console.print(table("GPU links", ["", *names, "NUMA", "CPUs"], rows))
         if plan["nics"]:
-            console.print(f"NICs: {', '.join(plan['nics'])}")
+            console.print(f"NICs: {', '.join(plan['nics'])}", markup=False)
     console.print(table(
         f"ranks per node ({plan['nproc_per_node']} x {plan['nodes']} node(s), {plan['backend']})",
         ["local rank", "GPU", "NUMA", "CPUs", "nearest NICs", "extra env"],
@@ -54,10 +55,10 @@ def _render_plan(plan: dict) -> None:
     ))
     console.print(table("environment", ["variable", "value"], sorted(plan["env"].items())))
     for note in profile["notes"]:
-        console.print(f"[dim]note:[/] {note}")
+        console.print(f"[dim]note:[/] {escape(note)}")
     for warning in plan["warnings"]:
-        console.print(f"[yellow]warning:[/] {warning}")
-    console.print("[bold]command[/] " + " ".join(plan["command"]))
+        console.print(f"[yellow]warning:[/] {escape(warning)}")
+    console.print("[bold]command[/] " + escape(" ".join(plan["command"])))
 
 
 @app.command("plan")
@@ -134,12 +135,12 @@ def launch_command(
         console.print(
             f"[{colour}]{'finished' if res['ok'] else 'FAILED'}[/] exit {res['exit_code']}, "
             f"{res['steps_completed']} steps, loss {res['first_loss']} -> {res['final_loss']}, "
-            f"{res['restarts']} restart(s), checkpoints {res['checkpoints']} in {res['checkpoint_store']} "
-            f"run {res['run']}"
+            f"{res['restarts']} restart(s), checkpoints {res['checkpoints']} in {escape(str(res['checkpoint_store']))} "
+            f"run {escape(str(res['run']))}"
         )
         if res["error"]:
-            console.print(f"[red]error:[/] {res['error']}", highlight=False)
-        console.print(f"log: {res['log']}\nmetrics: {res['metrics']}")
+            console.print(f"[red]error:[/] {escape(res['error'])}", highlight=False)
+        console.print(f"log: {res['log']}\nmetrics: {res['metrics']}", markup=False)
 
     emit(result, as_json, render)
     if not result["ok"]:
@@ -185,7 +186,7 @@ def health_command(
         if res["transports"]:
             console.print(table("transports", ["via", "connections"], sorted(res["transports"].items())))
         if res["algorithms"]:
-            console.print(f"algorithms logged: {', '.join(res['algorithms'])}")
+            console.print(f"algorithms logged: {', '.join(res['algorithms'])}", markup=False)
         if res["bandwidth"]:
             bw = res["bandwidth"]
             console.print(table("all_reduce_perf", ["size (B)", "algbw GB/s", "busbw GB/s"],
@@ -193,7 +194,7 @@ def health_command(
         verdict = res["verdict"]
         colour = {"ok": "green", "warning": "yellow", "failed": "red"}.get(verdict["status"], "white")
         for finding in verdict["findings"]:
-            console.print(f"[{colour}]{finding['status']}[/]: {finding['cause']}\n  [dim]fix:[/] {finding['fix']}",
+            console.print(f"[{colour}]{finding['status']}[/]: {escape(finding['cause'])}\n  [dim]fix:[/] {escape(finding['fix'])}",
                           highlight=False)
 
     emit(result, as_json, render)

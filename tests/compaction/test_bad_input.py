@@ -388,3 +388,21 @@ def test_random_arrow_schemas_compact_exactly_or_skip_with_a_reason(tmp_path, sm
     _assert_compacted_exactly_or_skipped(lake, report, before, listed)
     assert json.dumps(report, default=str)
     shutil.rmtree(lake)
+
+
+def test_the_human_report_shows_names_and_types_as_they_are_not_as_console_markup(tmp_path):
+    """'[bold]' in a partition or file name, or 'timestamp[us]' in a reason, is text to show."""
+    lake = tmp_path / "lake"
+    part = lake / "p=[bold]x"
+    part.mkdir(parents=True)
+    pq.write_table(pa.table({"a": [1]}), part / "a.parquet")
+    pq.write_table(pa.table({"a": [2]}), part / "b.parquet")
+    (part / "[red]bad.parquet").write_bytes(b"nope")
+    drift = lake / "p=t"
+    drift.mkdir()
+    pq.write_table(pa.table({"t": pa.array([1], pa.time32("ms"))}), drift / "a.parquet")
+    pq.write_table(pa.table({"t": pa.array(["x"])}), drift / "b.parquet")
+    result = CliRunner().invoke(app, ["compact", str(lake), "--min-age", "0"], env={"COLUMNS": "400"})
+    assert result.exit_code == 0, result.output
+    assert "quarantined p=[bold]x/[red]bad.parquet" in result.output
+    assert "skipped p=t:" in result.output and "time32[ms]" in result.output
