@@ -2,8 +2,8 @@
 
 A directory holds files in WebDataset's convention: `KEY.jpg`, `KEY.json`, `KEY.cls` ... grouped
 by key (the path up to the first dot of the file name, subdirectories included). A Parquet
-dataset holds one row per sample: a key column and one column per member (bytes columns as they
-are, strings as UTF-8, numbers as their decimal text, anything else as JSON).
+dataset holds one row per sample: a key column and one column per member (encoded as `cells`
+says: bytes as they are, strings as UTF-8, numbers as their decimal text, anything else as JSON).
 
 Each source yields `(key, members)` for good samples and reports bad ones (`Rejected`): a sample
 missing a required member, a file or row group that cannot be read, a sample the caller's check
@@ -15,7 +15,6 @@ reported once.
 from __future__ import annotations
 
 import hashlib
-import json
 import posixpath
 import random
 from collections.abc import Callable, Iterator
@@ -27,6 +26,7 @@ import pyarrow.fs as pafs
 from seedance_tasks import storage
 from seedance_tasks.errors import InputError, UsageError
 from seedance_tasks.parallel import ordered_map
+from seedance_tasks.shards.cells import CellError, cell_bytes, column_values
 from seedance_tasks.shards.tario import split_key
 from seedance_tasks.storage import Location
 
@@ -140,16 +140,60 @@ def _read_file_sample(fs, unit: tuple[str, dict[str, str]],
     return (key, None, problem) if problem else (key, members, None)
 
 
-def _cell_bytes(value: Any) -> bytes:
-    if isinstance(value, bytes | bytearray | memoryview):
-        return bytes(value)
-    if isinstance(value, str):
-        return value.encode("utf-8")
-    if isinstance(value, bool):
-        return b"1" if value else b"0"
-    if isinstance(value, int | float):
-        return str(value).encode()
-    return json.dumps(value, default=str).encode()
+def _parquet_units(source: Source) -> list[tuple]:
+    """(path, relative, row group, first row of the group in its file, footer) of every row group."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    units = []
+    for item in source.files:
+        relative = source.location.relative(item.path)
+        try:
+            metadata = pq.ParquetFile(source.location.fs.open_input_file(item.path)).metadata
+        except (OSError, pa.ArrowException) as exc:
+            source.rejected.append(Rejected(None, relative, f"unreadable Parquet file: {exc}"))
+            continue
+        first = 0
+        for group in range(metadata.num_row_groups):
+            units.append((item.path, relative, group, first, metadata))
+            first += metadata.row_group(group).num_rows
+    return units
+
+
+def key_problem(key: str) -> str | None:
+    """Why `key` cannot name a sample in a shard (WebDataset splits member names at '/' and '.'), or None."""
+    if not key:
+        return "empty key"
+    if "/" in key or "." in key or key.startswith("_"):
+        return "key contains '/', '.' or a hidden prefix"
+    return None
+
+
+def _row_key(columns: dict[str, list], key_column: str, relative: str, group: int, row: int) -> tuple[str | None, str | None]:
+    """A row's key and why it is bad (or None); without a key column, the key is made from the row's place."""
+    if key_column not in columns:
+        key = f"{posixpath.splitext(relative)[0]}-{group:04d}-{row:08d}".replace("/", "_")
+        return key, key_problem(key)
+    value = columns[key_column][row]
+    if value is None:
+        return None, f"null key (column {key_column!r})"
+    if isinstance(value, CellError):
+        return None, f"column {key_column!r}: cannot read the key ({value.reason})"
+    key = str(value)
+    return key, key_problem(key)
+
+
+def _row_members(columns: dict[str, list], key_column: str, row: int) -> tuple[dict[str, bytes], str | None]:
+    """The row's members (null cells left out), or why one of its cells cannot be encoded."""
+    members = {}
+    for name, values in columns.items():
+        value = values[row]
+        if name == key_column or value is None:
+            continue
+        if isinstance(value, CellError):
+            return {}, f"column {name!r}: cannot encode the value ({value.reason})"
+        members[name] = cell_bytes(value)
+    return members, None
 
 
 def _parquet_samples(source: Source, shuffle: bool, seed: int,
@@ -160,55 +204,38 @@ def _parquet_samples(source: Source, shuffle: bool, seed: int,
     key_column = source.key_column
     rng = random.Random(seed)
     seen: set[int] = set()  # 64-bit digests of the keys yielded: a repeated key would merge two samples
-    units = []  # (file, row group) pairs: a block shuffle keeps memory to one row group
-    for item in source.files:
-        relative = source.location.relative(item.path)
-        try:
-            metadata = pq.ParquetFile(source.location.fs.open_input_file(item.path)).metadata
-        except (OSError, pa.ArrowException) as exc:
-            source.rejected.append(Rejected(None, relative, f"unreadable Parquet file: {exc}"))
-            continue
-        units.extend((item.path, relative, group, metadata) for group in range(metadata.num_row_groups))
+    units = _parquet_units(source)  # (file, row group) pairs: a block shuffle keeps memory to one row group
     if shuffle:
         rng.shuffle(units)
-    for path, relative, group, metadata in units:
+    for path, relative, group, first, metadata in units:
         try:  # the footer read above is reused: each row group costs only its own column chunks
             table = pq.ParquetFile(source.location.fs.open_input_file(path), metadata=metadata).read_row_group(group)
         except (OSError, pa.ArrowException) as exc:
             source.rejected.append(Rejected(None, f"{relative}#rowgroup{group}", f"unreadable row group: {exc}"))
             continue
-        names = table.column_names
         payload = [
-            name for name in names
-            if name != key_column and (pa.types.is_binary(table.schema.field(name).type)
-                                       or pa.types.is_large_binary(table.schema.field(name).type))
+            field.name for field in table.schema
+            if field.name != key_column and (pa.types.is_binary(field.type) or pa.types.is_large_binary(field.type))
         ]
         required = source.required or payload
-        columns = {name: table.column(name).to_pylist() for name in names}
+        columns = {name: column_values(table.column(name)) for name in table.column_names}
         order = list(range(table.num_rows))
         if shuffle:
             rng.shuffle(order)
         for row in order:
-            if key_column in columns and columns[key_column][row] is not None:
-                key = str(columns[key_column][row])
-            else:
-                key = f"{posixpath.splitext(relative)[0]}-{group:04d}-{row:08d}".replace("/", "_")
-            members = {
-                name: _cell_bytes(columns[name][row])
-                for name in names
-                if name != key_column and columns[name][row] is not None
-            }
+            where = f"{relative}#row{first + row}"
+            key, problem = _row_key(columns, key_column, relative, group, row)
+            members, bad_cell = ({}, None) if problem else _row_members(columns, key_column, row)
             missing = [name for name in required if name not in members]
-            bad_key = "/" in key or "." in posixpath.basename(key) or key.startswith(("_", "."))
-            if missing:
-                source.rejected.append(Rejected(key, f"{relative}#row{row}", f"incomplete: no {', '.join(missing)}"))
-            elif bad_key:
-                source.rejected.append(Rejected(key, f"{relative}#row{row}", "key contains '/', '.' or a hidden prefix"))
+            if problem or bad_cell:
+                source.rejected.append(Rejected(key, where, problem or bad_cell))
+            elif missing:
+                source.rejected.append(Rejected(key, where, f"incomplete: no {', '.join(missing)}"))
             elif (digest := _key_digest(key)) in seen:
-                source.rejected.append(Rejected(key, f"{relative}#row{row}", "duplicate key: an earlier row has it "
+                source.rejected.append(Rejected(key, where, "duplicate key: an earlier row has it "
                                                 "(a reader would merge the two samples)"))
             elif check and (problem := check(key, members)):
-                source.rejected.append(Rejected(key, f"{relative}#row{row}", problem))
+                source.rejected.append(Rejected(key, where, problem))
             else:
                 seen.add(digest)
                 yield key, members
