@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -56,6 +57,17 @@ def _fingerprint(source, settings: ShardSettings, shuffle: bool, seed: int) -> s
         "seed": seed if shuffle else None,
     }
     return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _refuse_out_in_source(src: str, out: str, source_loc, out_loc) -> None:
+    """UsageError if OUT is SRC or below it: a rebuild would then read the first build's shards."""
+    if source_loc.scheme != out_loc.scheme:
+        return
+    real = os.path.realpath if source_loc.scheme == "file" else (lambda path: path)
+    source_path, out_path = real(source_loc.path).rstrip("/"), real(out_loc.path).rstrip("/")
+    if out_path == source_path or out_path.startswith(source_path + "/"):
+        raise UsageError(f"--out {out} is inside the source {src}",
+                         hint="write the shards outside SRC (e.g. next to it, SRC-shards)")
 
 
 def _existing(out) -> dict | None:
@@ -98,11 +110,12 @@ def build(
     if settings.shard_size < 4 * 1024:
         raise UsageError(f"shard size {settings.shard_size} bytes is too small", hint="use at least a few MiB")
     started = time.perf_counter()
+    out_loc = storage.resolve(out)
+    _refuse_out_in_source(src, out, storage.resolve(src), out_loc)
     source = open_source(src, required=settings.required_members, key_column=settings.key_column)
     if read_workers is None:  # local reads are memory copies: 2 threads; S3 GETs wait on the network: 8
         read_workers = 8 if source.location.is_s3 else 2
     fingerprint = _fingerprint(source, settings, shuffle, seed)
-    out_loc = storage.resolve(out)
     run_id = storage.new_run_id()
     with lease.holding(out_loc, LEASE_NAME, holder=holder or run_id, purpose=f"seedance shards build from {src}",
                        wait_s=wait_s) as held:

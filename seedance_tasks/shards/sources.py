@@ -68,9 +68,13 @@ class Source:
 def open_source(uri: str, *, required: list[str] | None = None, key_column: str = "__key__") -> Source:
     """List `uri` once and decide its kind: Parquet if it holds `.parquet` files, else sample files.
 
-    Raises InputError if it holds nothing, UsageError if it mixes Parquet with other files.
+    Raises InputError if it holds nothing, UsageError if it mixes Parquet with other files or is
+    one file that is not Parquet.
     """
     location = storage.resolve(uri)
+    if storage.is_file(location.fs, location.path) and not location.path.endswith(".parquet"):
+        raise UsageError(f"{uri} is a file, not a dataset directory",
+                         hint="point SRC at the directory of sample files (or at a Parquet file or dataset)")
     listing = storage.list_tree(location)
     files = listing.files
     linked = [Rejected(None, relative, SYMLINK_REASON) for relative in listing.symlinks]

@@ -284,3 +284,22 @@ def test_build_rejects_members_above_the_limit_and_still_writes_an_index(tmp_pat
     assert all("above shards.max_member_size" in item["reason"] for item in result["rejected"])
     index = json.loads((tmp_path / "shards" / "shardindex.json").read_text())
     assert index["shardlist"] == [] and not list((tmp_path / "shards").glob("*.tar"))
+
+
+# --------------------------------------------------------------------------- arguments that cannot work
+
+
+@pytest.mark.parametrize("name", ["lone.cls", "shard-000000.tar"])
+def test_build_from_a_single_file_that_is_not_parquet_is_a_usage_error(tmp_path, name):
+    (tmp_path / name).write_bytes(b"1")
+    result = CliRunner().invoke(app, ["shards", "build", str(tmp_path / name), "--out", str(tmp_path / "o")])
+    assert result.exit_code == 2 and "is a file, not a dataset directory" in result.output
+    assert "hint:" in result.output and not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("out", ["src", "src/shards", "src/a/../shards"])
+def test_build_into_the_source_or_below_it_is_refused_up_front(tmp_path, out):
+    make_sample_files(tmp_path / "src", 3)
+    result = CliRunner().invoke(app, ["shards", "build", str(tmp_path / "src"), "--out", str(tmp_path / out)])
+    assert result.exit_code == 2 and "inside the source" in result.output and "hint:" in result.output
+    assert not list((tmp_path / "src").rglob("*.tar"))
