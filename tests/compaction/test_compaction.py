@@ -288,3 +288,61 @@ def test_staged_files_have_their_write_back_started_while_they_are_written(lake,
         hinted[path] = offset + length
     assert hinted and all(os.path.basename(path).startswith(".") for path in hinted), "only staged files"
     assert len(hinted) == report["files_after"]
+
+
+def _two_files(lake, first: pa.Table, second: pa.Table) -> None:
+    (lake / "p=1").mkdir(parents=True)
+    pq.write_table(first, lake / "p=1/a.parquet")
+    pq.write_table(second, lake / "p=1/b.parquet")
+
+
+def _compacted(lake) -> pa.Table:
+    (name,) = visible_data_files(lake)
+    return pq.read_table(lake / name)
+
+
+@pytest.mark.parametrize(("first", "second", "expected", "plain"), [
+    (pa.array([1], pa.time32("ms")), pa.array([2], pa.time64("us")), pa.time64("us"), pa.time64("us")),
+    (pa.array(["x"]).dictionary_encode().cast(pa.dictionary(pa.int8(), pa.string())),
+     pa.array(["y"]).dictionary_encode(), pa.dictionary(pa.int32(), pa.string()), pa.string()),
+    (pa.array(["x"]).dictionary_encode(), pa.array(["y"]), pa.large_string(), pa.string()),
+    (pa.array(["x"]), pa.array(["y"], pa.string_view()), pa.large_string(), pa.string()),
+    (pa.array([b"x"], pa.binary_view()), pa.array([b"y"], pa.large_binary()), pa.large_binary(), pa.binary()),
+], ids=["time32-time64", "dictionary-indices", "dictionary-string", "string-view", "binary-view"])
+def test_lossless_type_mixes_are_unified_with_every_value_kept(tmp_path, small_settings, first, second, expected, plain):
+    lake = tmp_path / "lake"
+    _two_files(lake, pa.table({"k": [1], "c": first}), pa.table({"k": [2], "c": second}))
+    report = compact_dataset(str(lake), small_settings)
+    assert report["partitions_compacted"] == 1, report["skipped"]
+    table = _compacted(lake).sort_by("k")
+    assert table.schema.field("c").type == expected
+    assert table.column("c").cast(plain).to_pylist() == first.cast(plain).to_pylist() + second.cast(plain).to_pylist()
+
+
+def test_a_type_conflict_names_the_file_and_the_column(tmp_path, small_settings):
+    lake = tmp_path / "lake"
+    _two_files(lake, pa.table({"t": pa.array([1], pa.timestamp("us", tz="UTC"))}),
+               pa.table({"t": pa.array([1], pa.timestamp("us"))}))
+    report = compact_dataset(str(lake), small_settings)
+    (skipped,) = report["skipped"]
+    assert "column 't'" in skipped["reason"] and "b.parquet" in skipped["reason"] and "a.parquet" in skipped["reason"]
+    assert visible_data_files(lake) == ["p=1/a.parquet", "p=1/b.parquet"]
+
+
+def test_file_metadata_the_files_agree_on_is_kept_and_a_disagreement_skips_the_partition(tmp_path, small_settings):
+    geo = b'{"version": "1.1.0", "primary_column": "g", "columns": {"g": {"encoding": "WKB"}}}'
+    lake = tmp_path / "lake"
+    _two_files(lake, pa.table({"g": [b"\x01"], "a": [1]}).replace_schema_metadata({"geo": geo, "pandas": b"{1}"}),
+               pa.table({"g": [b"\x02"], "b": [2.0]}).replace_schema_metadata({"geo": geo, "pandas": b"{2}"}))
+    report = compact_dataset(str(lake), small_settings)
+    assert report["partitions_compacted"] == 1
+    metadata = _compacted(lake).schema.metadata
+    assert metadata[b"geo"] == geo and b"pandas" not in metadata  # pandas' describes one file's columns
+
+    other = tmp_path / "other"
+    _two_files(other, pa.table({"g": [b"\x01"]}).replace_schema_metadata({"geo": geo}),
+               pa.table({"g": [b"\x02"]}).replace_schema_metadata({"geo": geo.replace(b"1.1.0", b"1.0.0")}))
+    report = compact_dataset(str(other), small_settings)
+    (skipped,) = report["skipped"]
+    assert "file metadata 'geo' differs between" in skipped["reason"] and "b.parquet" in skipped["reason"]
+    assert visible_data_files(other) == ["p=1/a.parquet", "p=1/b.parquet"]
