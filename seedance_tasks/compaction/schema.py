@@ -8,7 +8,7 @@ reason naming the file and the column.
 
 File-level metadata (GeoParquet's `geo`, ...) is kept where every file has the same value; a key
 the files disagree on, or that only some have, is a conflict: dropping it could turn a GeoParquet
-lake into plain Parquet. Keys that describe one writer's columns (pandas', Spark's) are dropped
+lake into plain Parquet. Keys that describe one writer's columns (pandas', Spark's, Avro's) are dropped
 when the files' columns differ, as they would no longer be true.
 """
 
@@ -26,7 +26,8 @@ _INT_BITS = {pa.int8(): 8, pa.int16(): 16, pa.int32(): 32, pa.int64(): 64,
              pa.uint8(): 8, pa.uint16(): 16, pa.uint32(): 32, pa.uint64(): 64}
 _FLOAT_BITS = {pa.float16(): 16, pa.float32(): 32, pa.float64(): 64}
 _TIME_RANK = {"s": 0, "ms": 1, "us": 2, "ns": 3}
-_COLUMN_METADATA = (b"pandas", b"org.apache.spark.")  # describe the writer's columns: stale after a change
+# describe the writer's columns (pandas, Spark, parquet-mr's Avro/Protobuf/Thrift models): stale after a change
+_COLUMN_METADATA = (b"pandas", b"org.apache.spark.", b"parquet.avro.", b"avro.", b"parquet.proto.", b"parquet.thrift.")
 
 
 def _text_kind(kind: pa.DataType) -> str | None:
