@@ -10,17 +10,24 @@ loaders plan epochs and verify checksums without opening a tar.
 
 from __future__ import annotations
 
+import math
 import posixpath
-from dataclasses import dataclass
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 
 import pyarrow.fs as pafs
 
 from seedance_tasks import storage
-from seedance_tasks.errors import InputError, UsageError
+from seedance_tasks.errors import InputError, RefusedError, SeedanceError, UsageError
 from seedance_tasks.storage import Location
 
 INDEX_NAME = "shardindex.json"
 WIDS_VERSION = 1
+MAX_PATTERN_SHARDS = 100_000  # a brace pattern is expanded in memory: refuse one that names more
+_RANGE = re.compile(r"\{(-?\d+)\.\.(-?\d+)(?:\.\.(-?\d+))?\}")
+ENTRY_HINT = "each shardlist entry must be an object with a relative `url` and an integer `nsamples`"
+INDEX_HINT = "rebuild it with `seedance shards build`, or point at the directory of tars (--no-index)"
 
 
 @dataclass
@@ -39,69 +46,145 @@ class ShardRef:
 
 
 @dataclass
+class ListingProblem:
+    """Something wrong with the list of shards itself: a bad index or entry, a shard not there."""
+
+    shard: str  # the shard, or the index where there is no shard to name
+    kind: str  # index, refused, duplicate, missing
+    message: str  # about `shard`, which it does not repeat
+    hint: str
+
+    def to_dict(self) -> dict:
+        """As one of verify's problems."""
+        return {"shard": self.shard, "key": None, "kind": self.kind, "problem": self.message}
+
+    def error(self) -> SeedanceError:
+        """As the error `resolve_shards` raises when it is strict."""
+        cls = RefusedError if self.kind == "refused" else InputError
+        return cls(f"{self.shard}: {self.message}", hint=self.hint)
+
+
+@dataclass
 class ShardSet:
-    """The shards of a source, in order, and the index they came from (None: found by listing)."""
+    """The shards of a source, in order, the index they came from (None: found by listing), and
+    the problems of the listing itself (left for the caller only when `resolve_shards` is lenient)."""
 
     source: str
     shards: list[ShardRef]
     index_uri: str | None = None
+    problems: list[ListingProblem] = field(default_factory=list)
 
 
-def _expand(uri: str) -> list[str]:
-    import braceexpand
+def _pattern_size(uri: str) -> int:
+    """How many names the numeric ranges of a brace pattern make at most (their sizes multiplied)."""
+    sizes = [abs(int(stop) - int(start)) // max(abs(int(step or 1)), 1) + 1
+             for start, stop, step in _RANGE.findall(uri)]
+    return math.prod(sizes)
 
-    return list(braceexpand.braceexpand(uri))
+
+def _expand(uri: str) -> Iterator[str]:
+    """The names a brace pattern makes, one at a time; UsageError if it makes too many to list."""
+    import braceexpand  # builds each range in memory: sized first
+
+    size = _pattern_size(uri)
+    if size > MAX_PATTERN_SHARDS:
+        raise UsageError(
+            f"the pattern {uri} names up to {size:,} shards, more than {MAX_PATTERN_SHARDS:,}",
+            hint="check its ranges, split it into smaller patterns, or point at the directory or its shardindex.json",
+        )
+    yield from braceexpand.braceexpand(uri)
 
 
 def _ref(location: Location, size: int | None = None, **known) -> ShardRef:
     return ShardRef(location.uri, location, posixpath.basename(location.path), size, **known)
 
 
-def read_index(index: Location) -> ShardSet:
-    """The shards an index file lists (URLs relative to the index's directory), with its figures."""
+def _load_index(index: Location) -> tuple[list | None, ListingProblem | None]:
+    """The index's shardlist, or why it is not a shard index."""
     try:
         data = storage.read_json(index.fs, index.path)
     except FileNotFoundError:
-        raise InputError(f"index {index.uri} not found") from None
+        raise InputError(f"index {index.uri} not found", hint="check the path or URI") from None
     except ValueError as exc:
-        raise InputError(f"index {index.uri} is not valid JSON: {exc}") from None
+        return None, ListingProblem(index.uri, "index", f"not valid JSON: {exc}", INDEX_HINT)
     if not isinstance(data, dict) or data.get("wids_version") != WIDS_VERSION or not isinstance(
         data.get("shardlist"), list
     ):
-        raise InputError(
-            f"{index.uri} is not a shard index (wids_version 1 with a shardlist)",
-            hint="rebuild it with `seedance shards build`, or point at the directory of tars",
-        )
-    base = posixpath.dirname(index.path)
-    shards = []
-    for entry in data["shardlist"]:
-        url = entry.get("url") if isinstance(entry, dict) else None
-        if not isinstance(url, str) or storage.is_hidden(url) or "://" in url:
-            raise InputError(f"{index.uri}: bad shard entry {entry!r}", hint="URLs must be relative to the index")
-        if url.startswith("/") or ".." in url.split("/"):
-            raise InputError(f"{index.uri}: shard URL {url!r} leaves the index's directory")
-        location = Location(index.fs, posixpath.join(base, url), index.scheme)
-        shards.append(
-            _ref(location, entry.get("filesize"), nsamples=entry.get("nsamples"), sha256=entry.get("sha256"))
-        )
-    return ShardSet(index.uri, shards, index.uri)
+        return None, ListingProblem(index.uri, "index",
+                                    "not a shard index (wids_version 1 with a shardlist)", INDEX_HINT)
+    return data["shardlist"], None
 
 
-def resolve_shards(uri: str, *, use_index: bool = True) -> ShardSet:
-    """Every shard of `uri`, in order. Raises InputError if there is none.
+def _url_problem(index: Location, entry) -> ListingProblem | None:
+    """Why a shardlist entry's url cannot name a shard beside the index, or None."""
+    url = entry.get("url") if isinstance(entry, dict) else None
+    if not isinstance(url, str) or not url:
+        return ListingProblem(index.uri, "index", f"bad shardlist entry {entry!r}", ENTRY_HINT)
+    if url.startswith("/") or ".." in url.split("/"):
+        return ListingProblem(index.uri, "refused", f"shard URL {url!r} leaves the index's directory",
+                              "an index lists only shards in its own directory or below; rebuild it")
+    if "://" in url or storage.is_hidden(posixpath.normpath(url)):
+        return ListingProblem(index.uri, "index", f"shard URL {url!r} is not a visible relative path",
+                              "URLs must be relative to the index and name published (not hidden) shards")
+    return None
 
-    `uri` may be a directory (its `shardindex.json` if present and `use_index`, else every visible
-    `*.tar` below it, sorted), an index `.json` file, one `.tar`, or a brace pattern of tars.
+
+def _figure(entry: dict, name: str, kinds: tuple[type, ...], uri: str,
+            problems: list[ListingProblem]) -> int | str | None:
+    """An entry's `nsamples`, `filesize` or `sha256`, or None (and a problem) if it has the wrong type."""
+    value = entry.get(name)
+    wrong = isinstance(value, bool) or not isinstance(value, kinds) or (isinstance(value, int) and value < 0)
+    if value is None or not wrong:
+        return value
+    problems.append(ListingProblem(uri, "index", f"the index gives it {name} {value!r}", ENTRY_HINT))
+    return None
+
+
+def read_index(index: Location) -> ShardSet:
+    """The shards an index file lists (URLs relative to the index's directory), with its figures.
+
+    Problems of the index (not JSON, not a shard index, a bad entry, a URL leaving the index's
+    directory, a shard listed twice) are in the ShardSet's `problems`; the entries that are fine
+    are listed all the same.
     """
-    if "{" in uri and ".." in uri:
-        refs = []
-        for expanded in _expand(uri):
-            location = storage.resolve(expanded)
-            info = location.fs.get_file_info(location.path)
-            if info.type == pafs.FileType.NotFound:
-                raise InputError(f"shard {expanded} (from the pattern {uri}) not found")
-            refs.append(_ref(location, info.size))
-        return ShardSet(uri, refs)
+    shard_set = ShardSet(index.uri, [], index.uri)
+    shardlist, problem = _load_index(index)
+    if problem:
+        shard_set.problems.append(problem)
+        return shard_set
+    base = posixpath.dirname(index.path)
+    listed: set[str] = set()
+    for entry in shardlist:
+        if (problem := _url_problem(index, entry)) is not None:
+            shard_set.problems.append(problem)
+            continue
+        location = Location(index.fs, posixpath.normpath(posixpath.join(base, entry["url"])), index.scheme)
+        if location.path in listed:
+            shard_set.problems.append(ListingProblem(location.uri, "duplicate",
+                                                     f"listed twice in {index.uri}", INDEX_HINT))
+            continue
+        listed.add(location.path)
+        figures = {name: _figure(entry, name, kinds, location.uri, shard_set.problems)
+                   for name, kinds in (("filesize", (int,)), ("nsamples", (int,)), ("sha256", (str,)))}
+        shard_set.shards.append(_ref(location, figures.pop("filesize"), **figures))
+    return shard_set
+
+
+def _pattern_shards(uri: str) -> ShardSet:
+    shard_set = ShardSet(uri, [])
+    for expanded in _expand(uri):
+        location = storage.resolve(expanded)
+        info = location.fs.get_file_info(location.path)
+        if info.type == pafs.FileType.NotFound:
+            shard_set.problems.append(ListingProblem(
+                location.uri, "missing", f"not found (the pattern {uri} names it)",
+                "check the pattern's ranges, or rebuild or re-fetch the missing shard"))
+        else:
+            shard_set.shards.append(_ref(location, info.size))
+    return shard_set
+
+
+def _listed_shards(uri: str, use_index: bool) -> ShardSet:
     location = storage.resolve(uri)
     info = location.fs.get_file_info(location.path)
     if info.type == pafs.FileType.NotFound:
@@ -110,7 +193,8 @@ def resolve_shards(uri: str, *, use_index: bool = True) -> ShardSet:
         if location.path.endswith(".json"):
             return read_index(location)
         if not location.path.endswith(".tar"):
-            raise UsageError(f"{uri} is neither a .tar shard nor a shard index")
+            raise UsageError(f"{uri} is neither a .tar shard nor a shard index",
+                             hint="point at a .tar, a shardindex.json, a directory of shards or a brace pattern")
         return ShardSet(uri, [_ref(location, info.size)])
     index = location.child(INDEX_NAME)
     if use_index and storage.is_file(location.fs, index.path):
@@ -123,6 +207,21 @@ def resolve_shards(uri: str, *, use_index: bool = True) -> ShardSet:
     if not refs:
         raise InputError(f"no .tar shards under {uri}", hint="build them with `seedance shards build`")
     return ShardSet(uri, refs)
+
+
+def resolve_shards(uri: str, *, use_index: bool = True, strict: bool = True) -> ShardSet:
+    """Every shard of `uri`, in order. Raises InputError if there is none.
+
+    `uri` may be a directory (its `shardindex.json` if present and `use_index`, else every visible
+    `*.tar` below it, sorted), an index `.json` file, one `.tar`, or a brace pattern of tars (at
+    most MAX_PATTERN_SHARDS of them). A problem of the listing (a bad index or entry, a shard of
+    the pattern not found) raises its error if `strict`; otherwise it is left in `problems` and
+    the other shards are listed.
+    """
+    shard_set = _pattern_shards(uri) if "{" in uri and ".." in uri else _listed_shards(uri, use_index)
+    if strict and shard_set.problems:
+        raise shard_set.problems[0].error()
+    return shard_set
 
 
 def index_document(entries: list[dict], meta: dict | None = None, name: str | None = None) -> dict:

@@ -51,6 +51,18 @@ def split_key(name: str) -> tuple[str, str] | tuple[None, None]:
     return match.group(1), match.group(2)
 
 
+def no_key_reason(name: str) -> str:
+    """Why `split_key` finds no sample key in the member name `name`."""
+    if name.rsplit("/", 1)[-1].startswith("."):
+        return "its file name starts with a dot, so it has no sample key"
+    return "it has no extension, so no sample key"
+
+
+def canonical_key(key: str) -> str:
+    """`key` as a path names it: `a//b` and `a/./b` are `a/b` (one file once extracted)."""
+    return "/".join(part for part in key.split("/") if part not in ("", "."))
+
+
 def check_member_name(name: str) -> str | None:
     """Why the member name `name` is unsafe, or None if it is a plain relative path."""
     if not name:
@@ -234,7 +246,7 @@ def iter_samples(members: Iterable[tuple[str, bytes]], shard: str) -> Iterator[T
     for name, data in members:
         key, ext = split_key(name)
         if key is None:
-            raise InputError(f"{shard}: member {name!r} has no extension, so no sample key")
+            raise InputError(f"{shard}: member {name!r}: {no_key_reason(name)}")
         if current is not None and key == current.key:
             if ext in current.members:
                 raise InputError(f"{shard}: member {name!r} appears twice in sample {key!r}")

@@ -16,10 +16,12 @@ import hashlib
 from collections.abc import Callable
 from typing import Any
 
+import pyarrow.fs as pafs
+
 from seedance_tasks.errors import InputError, IntegrityError, RefusedError
 from seedance_tasks.shards.checks import image_problem, is_image
 from seedance_tasks.shards.index import ShardRef, resolve_shards
-from seedance_tasks.shards.tario import iter_members, split_key
+from seedance_tasks.shards.tario import canonical_key, iter_members, no_key_reason, split_key
 
 READ_CHUNK = 4 * 1024 * 1024
 
@@ -43,8 +45,9 @@ class HashingReader:
             pass
 
 
-def _verify_shard(shard: ShardRef, seen: dict[str, str], problems: list[dict], *, check_decode: bool,
+def _verify_shard(shard: ShardRef, seen: dict[str, tuple[str, str]], problems: list[dict], *, check_decode: bool,
                   max_member_size: int) -> dict[str, Any]:
+    """Check one shard, appending its problems; `seen` maps each canonical key to (shard, key) where first met."""
     def problem(kind: str, message: str, key: str | None = None) -> None:
         problems.append({"shard": shard.uri, "key": key, "kind": kind, "problem": message})
 
@@ -52,7 +55,12 @@ def _verify_shard(shard: ShardRef, seen: dict[str, str], problems: list[dict], *
     result: dict[str, Any] = {"shard": shard.uri, "samples": 0, "size": None, "sha256": None, "ok": True}
     before = len(problems)
     try:
-        file_size = shard.location.fs.get_file_info(shard.location.path).size  # the tar's own, not the index's
+        info = shard.location.fs.get_file_info(shard.location.path)
+        if info.type == pafs.FileType.NotFound:
+            problem("missing", "not found")
+            result["ok"] = False
+            return result
+        file_size = info.size  # the tar's own, not the index's
         with shard.location.fs.open_input_stream(shard.location.path) as raw:
             reader = HashingReader(raw)
             current_key: str | None = None
@@ -60,7 +68,7 @@ def _verify_shard(shard: ShardRef, seen: dict[str, str], problems: list[dict], *
             for name, data in iter_members(reader, shard.uri, file_size=file_size, max_member_size=max_member_size):
                 key, ext = split_key(name)
                 if key is None:
-                    problem("no-key", f"member {name!r} has no extension, so no sample key")
+                    problem("no-key", f"member {name!r}: {no_key_reason(name)}")
                     continue
                 if check_decode and is_image(ext):
                     bad = image_problem(data)
@@ -72,10 +80,12 @@ def _verify_shard(shard: ShardRef, seen: dict[str, str], problems: list[dict], *
                     current_exts.add(ext)
                     continue
                 current_key, current_exts = key, {ext}
-                if key in seen:
-                    where = "earlier in this shard" if seen[key] == shard.uri else f"in {seen[key]}"
-                    problem("duplicate", f"key {key!r} already seen {where}", key)
-                seen[key] = shard.uri
+                if (first := seen.get(canonical_key(key))) is not None:
+                    where = "earlier in this shard" if first[0] == shard.uri else f"in {first[0]}"
+                    spelled = f" (as {first[1]!r})" if first[1] != key else ""
+                    problem("duplicate", f"key {key!r} already seen {where}{spelled}", key)
+                else:
+                    seen[canonical_key(key)] = (shard.uri, key)
                 samples += 1
             reader.drain()
     except RefusedError as exc:
@@ -104,9 +114,11 @@ def verify(uri: str, *, use_index: bool = True, check_decode: bool | None = None
 
     The report's `ok` is True only if no shard has a problem; `problems` lists each one with the
     shard, the key where there is one, a kind (refused, unreadable, truncated, too-large,
-    undecodable, no-key, duplicate, count, size, checksum) and a message naming the member where
-    there is one. `check_decode` and `max_member_size` default to `shards.*` of the config.
-    Memory stays bounded by the largest member the limit allows. Never raises for bad shards;
+    undecodable, no-key, duplicate, count, size, checksum, missing, index) and a message naming
+    the member where there is one. A bad index entry, an entry leaving the index's directory
+    (refused) and a shard of a brace pattern that is not there are problems too, and the other
+    shards are still checked. `check_decode` and `max_member_size` default to `shards.*` of the
+    config. Memory stays bounded by the largest member the limit allows. Never raises for bad shards;
     see `raise_for_problems` for that. `on_progress(shards_done, shards_total)` is called after
     each shard.
     """
@@ -116,9 +128,9 @@ def verify(uri: str, *, use_index: bool = True, check_decode: bool | None = None
         configured = load_settings().shards
         check_decode = configured.check_decode if check_decode is None else check_decode
         max_member_size = int(configured.max_member_size) if max_member_size is None else max_member_size
-    shard_set = resolve_shards(uri, use_index=use_index)
-    problems: list[dict] = []
-    seen: dict[str, str] = {}
+    shard_set = resolve_shards(uri, use_index=use_index, strict=False)
+    problems = [item.to_dict() for item in shard_set.problems]
+    seen: dict[str, tuple[str, str]] = {}
     per_shard = []
     for shard in shard_set.shards:
         per_shard.append(_verify_shard(shard, seen, problems, check_decode=bool(check_decode),
@@ -148,5 +160,6 @@ def raise_for_problems(report: dict[str, Any]) -> None:
     first = problems[0]
     summary = f"{len(problems)} problem(s) in {report['source']}; first: {first['shard']}: {first['problem']}"
     if any(item["kind"] == "refused" for item in problems):
-        raise RefusedError(summary, hint="these shards contain hostile members; they are never extracted")
+        raise RefusedError(summary, hint="these shards hold hostile members, or the index names files outside its "
+                           "directory; nothing is extracted or followed")
     raise IntegrityError(summary, hint="rebuild the listed shards (seedance shards build) or re-fetch them")
