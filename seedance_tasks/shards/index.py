@@ -25,7 +25,8 @@ from seedance_tasks.storage import Location
 INDEX_NAME = "shardindex.json"
 WIDS_VERSION = 1
 MAX_PATTERN_SHARDS = 100_000  # a brace pattern is expanded in memory: refuse one that names more
-_RANGE = re.compile(r"\{(-?\d+)\.\.(-?\d+)(?:\.\.(-?\d+))?\}")
+_GROUP = re.compile(r"\{([^{}]*)\}")  # an innermost brace group
+_RANGE = re.compile(r"^(?:(-?\d+)\.\.(-?\d+)|([A-Za-z])\.\.([A-Za-z]))(?:\.\.(-?\d+))?$")
 ENTRY_HINT = "each shardlist entry must be an object with a relative `url` and an integer `nsamples`"
 INDEX_HINT = "rebuild it with `seedance shards build`, or point at the directory of tars (--no-index)"
 
@@ -75,11 +76,19 @@ class ShardSet:
     problems: list[ListingProblem] = field(default_factory=list)
 
 
+def _group_size(body: str) -> int:
+    """How many names one brace group `{body}` makes: a range's length, or its comma-separated choices."""
+    match = _RANGE.match(body)
+    if not match:
+        return body.count(",") + 1
+    first, last, first_letter, last_letter, step = match.groups()
+    span = abs(int(last) - int(first)) if first is not None else abs(ord(last_letter) - ord(first_letter))
+    return span // max(abs(int(step or 1)), 1) + 1
+
+
 def _pattern_size(uri: str) -> int:
-    """How many names the numeric ranges of a brace pattern make at most (their sizes multiplied)."""
-    sizes = [abs(int(stop) - int(start)) // max(abs(int(step or 1)), 1) + 1
-             for start, stop, step in _RANGE.findall(uri)]
-    return math.prod(sizes)
+    """How many names a brace pattern makes at most: its innermost groups' sizes multiplied."""
+    return math.prod(_group_size(body) for body in _GROUP.findall(uri))
 
 
 def _expand(uri: str) -> Iterator[str]:

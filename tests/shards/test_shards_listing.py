@@ -34,6 +34,12 @@ def test_a_huge_brace_pattern_is_refused_before_it_is_expanded(tmp_path):
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 200 * 1024  # KiB: nothing expanded
 
 
+@pytest.mark.parametrize("pattern", ["s-{0..999}-{0..999}.tar", "s-{a..z}{a..z}{a..z}{a..z}.tar"])
+def test_a_pattern_is_sized_by_all_its_groups(tmp_path, pattern):
+    with pytest.raises(UsageError, match="more than 100,000"):
+        verify(f"{tmp_path}/{pattern}")
+
+
 def test_a_shard_missing_from_a_pattern_is_a_problem_and_the_others_are_checked(tmp_path):
     write_tar(tmp_path / "s-0.tar", [("a.cls", b"1")])
     write_tar(tmp_path / "s-2.tar", [("b.cls", b"2")])
