@@ -114,6 +114,11 @@ def select_profile(
     raise UsageError(f"no NCCL profile matches this machine ({facts})", hint="pick one with --profile")
 
 
+def _span(names: list[str]) -> str:
+    """`NIC0..NIC5` for a run of names, the name alone for one."""
+    return names[0] if len(names) == 1 else f"{names[0]}..{names[-1]}"
+
+
 def _exact_list(nics: list[str]) -> str:
     return "=" + ",".join(nics) if nics else ""
 
@@ -212,11 +217,16 @@ def make_plan(
         env.update(_load(str(profiles_file or DEFAULT_PROFILES))[1].get("nccl", {}))
         if nccl_debug:
             env["NCCL_DEBUG"] = nccl_debug
-    hca = _exact_list(topology.compute_nics()) if topology else ""
+    unnamed = topology.unnamed_nics if topology else []
+    if unnamed:
+        warnings.append(f"{_span(unnamed)} {'has' if len(unnamed) == 1 else 'have'} no NIC Legend; pass the whole "
+                        "`nvidia-smi topo -m` output: NCCL_IB_HCA is left unset (NCCL cannot match NICn names)")
+    hca = _exact_list(topology.compute_nics()) if topology and not unnamed else ""
     for key, value in chosen.env.items():
         if "{ib_hca}" in value:
             if not hca:
-                warnings.append(f"{key} left unset: the topology shows no NICs")
+                if not unnamed:
+                    warnings.append(f"{key} left unset: the topology shows no NICs")
                 continue
             value = value.replace("{ib_hca}", hca)
         env[key] = value
@@ -231,7 +241,7 @@ def make_plan(
         if verdict.warning and key in clean_overrides:
             warnings.append(verdict.warning)
 
-    ranks = _rank_layout(topology, nproc, chosen.nic_per_rank and nodes > 1)
+    ranks = _rank_layout(topology, nproc, chosen.nic_per_rank and nodes > 1 and not unnamed)
     for rank in ranks:
         for key in clean_overrides:  # a user's override wins over per-rank derivation
             rank["env"].pop(key, None)

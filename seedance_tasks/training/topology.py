@@ -24,6 +24,10 @@ _LINK_RE = re.compile(r"^(X|NV\d+|NVB|PIX|PXB|PHB|NODE|SYS|SOC)$")
 _DEVICE_RE = re.compile(r"^(GPU\d+|NIC\d+|mlx\d+_\d+|[A-Za-z][\w.-]*\d)$")
 _LEGEND_RE = re.compile(r"^\s*(NIC\d+)\s*:\s*(\S+)\s*$")
 _TRAILING_COLUMNS = ("CPU Affinity", "NUMA Affinity", "GPU NUMA ID")
+_UNNAMED_NIC_RE = re.compile(r"^NIC\d+$")
+# The largest CPU id a CPU Affinity cell may name: far above Linux's largest NR_CPUS (8192), and
+# small enough that a typo such as 0-99999999999 is refused instead of expanded in memory.
+MAX_CPU_ID = 65_535
 
 
 def link_rank(link: str) -> int:
@@ -38,21 +42,32 @@ def link_rank(link: str) -> int:
 
 
 def parse_cpu_list(text: str) -> list[int] | None:
-    """`0-19,40-59` -> [0..19, 40..59]; empty or `N/A` -> None."""
+    """`0-19,40-59` -> [0..19, 40..59] (sorted, once each); empty or `N/A` -> None.
+
+    ValueError saying what is wrong for anything else: a part that is not an id or range, a range
+    that ends below its start, an id above MAX_CPU_ID."""
     text = text.strip()
     if not text or text.upper() == "N/A":
         return None
-    cpus: list[int] = []
+    cpus: set[int] = set()
     for part in text.split(","):
         part = part.strip()
         if not part:
             continue
-        if "-" in part:
-            low, high = part.split("-", 1)
-            cpus.extend(range(int(low), int(high) + 1))
-        else:
-            cpus.append(int(part))
-    return cpus
+        low, dash, high = part.partition("-")
+        first, last = _cpu_id(low, part), _cpu_id(high, part) if dash else _cpu_id(low, part)
+        if first > last:
+            raise ValueError(f"malformed range {part!r}: it ends below its start")
+        cpus.update(range(first, last + 1))
+    return sorted(cpus) or None
+
+
+def _cpu_id(text: str, part: str) -> int:
+    if not text.isascii() or not text.isdigit():
+        raise ValueError(f"{part!r} is not a CPU id or a range of them")
+    if len(text) > len(str(MAX_CPU_ID)) or int(text) > MAX_CPU_ID:
+        raise ValueError(f"CPU {text} is above {MAX_CPU_ID}, the largest CPU id accepted")
+    return int(text)
 
 
 def format_cpu_list(cpus: list[int] | None) -> str:
@@ -99,6 +114,7 @@ class Topology:
     gpu_numa_id: dict[str, int | None] = field(default_factory=dict)
     nic_legend: dict[str, str] = field(default_factory=dict)
     pcie_only_view: bool = False
+    unnamed_nics: list[str] = field(default_factory=list)  # `NICn` headers the file has no NIC Legend for
 
     def link(self, a: str, b: str) -> str:
         return self.links.get(a, {}).get(b, "")
@@ -161,12 +177,14 @@ class Topology:
             "gpu_numa_id": dict(self.gpu_numa_id),
             "nic_legend": dict(self.nic_legend),
             "pcie_only_view": self.pcie_only_view,
+            "unnamed_nics": list(self.unnamed_nics),
         }
 
 
 def _is_header(line: str) -> bool:
-    stripped = line.strip()
-    return bool(stripped) and line[0] in " \t" and stripped.split()[0] == "GPU0"
+    """`GPU0  GPU1 ... CPU Affinity` (indented as printed, or not); a `GPU0  X  NV12 ...` row is not one."""
+    tokens = line.split()
+    return bool(tokens) and tokens[0] == "GPU0" and (len(tokens) == 1 or not _LINK_RE.match(tokens[1]))
 
 
 def _header_columns(line: str) -> list[str]:
@@ -175,16 +193,18 @@ def _header_columns(line: str) -> list[str]:
     return [cell for cell in re.split(r"\s{2,}", line.strip()) if cell]
 
 
-def _row_cells(line: str) -> list[str]:
-    if "\t" in line:
-        return [cell.strip() for cell in line.rstrip("\n").split("\t")]
-    return line.split()
+def _cells(line: str, tabbed: bool) -> list[tuple[int, str]]:
+    """A row's cells with their place: the cell index when tab-separated (empty cells kept), the
+    character column when space-aligned (where empty cells leave no trace but a gap)."""
+    if tabbed:
+        return [(index, cell.strip()) for index, cell in enumerate(line.split("\t"))]
+    return [(match.start(), match.group()) for match in re.finditer(r"\S+", line)]
 
 
 @dataclass
 class _Matrix:
     columns: list[str]
-    rows: list[tuple[int, list[str]]] = field(default_factory=list)  # (line number, cells)
+    rows: list[tuple[int, str]] = field(default_factory=list)  # (line number, line)
     tabbed: bool = False
     legend: dict[str, str] = field(default_factory=dict)
     legend_has_nvlink: bool | None = None
@@ -224,13 +244,91 @@ def _split_matrices(text: str, source: str) -> list[_Matrix]:
             continue
         label = stripped.split()[0]
         if line[0] not in " \t" and _DEVICE_RE.match(label):
-            current.rows.append((number, _row_cells(line)))
+            current.rows.append((number, line))
         else:
             raise InputError(
                 f"{source}:{number}: not a row of an `nvidia-smi topo -m` matrix: {stripped[:60]!r}",
                 hint="pass the output of `nvidia-smi topo -m` as printed",
             )
     return matrices
+
+
+_EDITED_HINT = "the matrix looks edited or cut: pass the output of `nvidia-smi topo -m` as printed"
+
+
+def _link_cells(where: str, label: str, values: list[str], devices: list[str]) -> list[str]:
+    """The row's link cells, one per header device; InputError when there are more or fewer."""
+    found = 0
+    while found < len(values) and _LINK_RE.match(values[found]):
+        found += 1
+    if found > len(devices) or len(values) < len(devices):
+        raise InputError(f"{where}: row {label} has {max(found, min(len(values), len(devices)))} link cells, "
+                         f"the header {len(devices)}", hint=_EDITED_HINT)
+    for device, cell in zip(devices, values, strict=False):
+        if not _LINK_RE.match(cell):
+            raise InputError(f"{where}: unknown link type {cell!r} between {label} and {device}",
+                             hint="expected X, NV#, PIX, PXB, PHB, NODE or SYS")
+    return ["SYS" if cell == "SOC" else cell for cell in values[: len(devices)]]
+
+
+def _too_many(where: str, label: str, found: int, extra: list[str]) -> InputError:
+    return InputError(f"{where}: row {label} has {found} cells after its links, the header {len(extra)} "
+                      f"({', '.join(extra) or 'no affinity columns'})", hint=_EDITED_HINT)
+
+
+def _tabbed_trailing(where: str, label: str, rest: list[str], extra: list[str]) -> dict[str, str]:
+    # tab mode keeps empty cells: the first is CPU Affinity (may be empty); nvidia-smi pads with
+    # extra tabs before later columns, so those take the remaining non-empty cells
+    if not rest or not extra:
+        if any(rest):
+            raise _too_many(where, label, len([cell for cell in rest if cell]), extra)
+        return {}
+    later = [cell for cell in rest[1:] if cell]
+    if len(later) > len(extra) - 1:
+        raise _too_many(where, label, 1 + len(later), extra)
+    return {extra[0]: rest[0], **dict(zip(extra[1:], later, strict=False))}
+
+
+def _place_short_rows(
+    short: dict[str, tuple[str, list[tuple[int, str]]]], complete: list[dict[str, int]], extra: list[str]
+) -> dict[str, dict[str, str]]:
+    """Space-aligned rows with fewer affinity cells than columns (an empty cell leaves only a gap):
+    each cell goes to the column that starts at exactly its character column in the complete rows,
+    or the row is refused, naming its line, when none or several do."""
+    starts = {column: {row[column] for row in complete} for column in extra}
+    placed: dict[str, dict[str, str]] = {}
+    for label, (where, cells) in short.items():
+        row: dict[str, str] = {}
+        for start, text in cells:
+            columns = [column for column in extra if start in starts[column] and column not in row]
+            if len(columns) != 1:
+                raise InputError(
+                    f"{where}: row {label} has {len(cells)} cells for the {len(extra)} columns "
+                    f"{', '.join(extra)}, and this space-aligned matrix does not show which is empty",
+                    hint="pass the tab-separated output as nvidia-smi prints it (`nvidia-smi topo -m > FILE`), "
+                         "not a copy with the tabs expanded")
+            row[columns[0]] = text
+        placed[label] = row
+    return placed
+
+
+def _affinity(where: str, label: str, trailing: dict[str, str]) -> list[int] | None:
+    cell = trailing.get("CPU Affinity", "")
+    try:
+        return parse_cpu_list(cell)
+    except ValueError as exc:
+        raise InputError(f"{where}: CPU Affinity {cell!r} of {label} is not a CPU list: {exc}",
+                         hint="expected CPU ids and ranges as nvidia-smi prints them, e.g. 0-23,48-71 "
+                              f"(ids up to {MAX_CPU_ID})") from None
+
+
+def _check_symmetric(links: dict[str, dict[str, str]], lines: dict[str, str]) -> None:
+    for a, row in links.items():
+        for b, link in row.items():
+            other = links.get(b, {}).get(a)
+            if other is not None and other != link and a < b:
+                raise InputError(f"{lines[a]}: {a}-{b} is {link} here but {b}-{a} is {other} on line "
+                                 f"{lines[b].rsplit(':', 1)[1]}: the matrix is not symmetric", hint=_EDITED_HINT)
 
 
 def _build(matrix: _Matrix, source: str) -> Topology:
@@ -244,53 +342,47 @@ def _build(matrix: _Matrix, source: str) -> Topology:
     gpus = [device for device in devices if device.startswith("GPU")]
     nics = [name(device) for device in devices if not device.startswith("GPU")]
     links: dict[str, dict[str, str]] = {}
-    cpu_affinity: dict[str, list[int] | None] = {}
-    numa: dict[str, int | None] = {}
-    gpu_numa_id: dict[str, int | None] = {}
-    for number, cells in matrix.rows:
-        label, values = cells[0], cells[1:]
+    lines: dict[str, str] = {}  # device -> `file:line` of its row
+    trailing: dict[str, dict[str, str]] = {}
+    short: dict[str, tuple[str, list[tuple[int, str]]]] = {}
+    complete: list[dict[str, int]] = []  # space-aligned: where each affinity column starts
+    for number, line in matrix.rows:
+        where = f"{source}:{number}"
+        cells = _cells(line, matrix.tabbed)
+        label, values = cells[0][1], cells[1:]
         if label not in devices:
-            raise InputError(f"{source}:{number}: row {label!r} has no column in the header {devices}",
-                             hint="the matrix looks edited or cut: pass the output of `nvidia-smi topo -m` as printed")
-        link_cells = values[: len(devices)]
-        if len(link_cells) < len(devices):
-            raise InputError(
-                f"{source}:{number}: row {label} has {len(link_cells)} link cells, the header {len(devices)}",
-                hint="the matrix looks truncated",
-            )
-        row: dict[str, str] = {}
-        for device, cell in zip(devices, link_cells, strict=True):
-            cell = cell.strip()
-            if not _LINK_RE.match(cell):
-                raise InputError(
-                    f"{source}:{number}: unknown link type {cell!r} between {label} and {device}",
-                    hint="expected X, NV#, PIX, PXB, PHB, NODE or SYS",
-                )
-            row[name(device)] = "SYS" if cell == "SOC" else cell
-        links[name(label)] = row
+            raise InputError(f"{where}: row {label!r} has no column in the header {devices}", hint=_EDITED_HINT)
+        if name(label) in lines:
+            raise InputError(f"{where}: a second row for {label} (the first is line "
+                             f"{lines[name(label)].rsplit(':', 1)[1]})", hint=_EDITED_HINT)
+        lines[name(label)] = where
+        row = _link_cells(where, label, [text for _, text in values], devices)
+        links[name(label)] = dict(zip(map(name, devices), row, strict=True))
+        rest = values[len(devices):]
         if not label.startswith("GPU"):
             continue
-        rest = values[len(devices):]
-        trailing: dict[str, str] = {}
-        if matrix.tabbed and rest:
-            # tab mode keeps empty cells: the first is CPU Affinity (may be empty); nvidia-smi pads
-            # with extra tabs before later columns, so those take the remaining non-empty cells
-            trailing[extra[0]] = rest[0] if extra else ""
-            later = [cell for cell in rest[1:] if cell.strip()]
-            trailing.update(zip(extra[1:], later, strict=False))
-        else:
-            trailing.update(zip(extra, rest, strict=False))
-        cpu_affinity[label] = parse_cpu_list(trailing.get("CPU Affinity", ""))
-        numa[label] = _numa(trailing.get("NUMA Affinity"))
-        if "GPU NUMA ID" in extra:
-            gpu_numa_id[label] = _numa(trailing.get("GPU NUMA ID"))
+        if matrix.tabbed:
+            trailing[label] = _tabbed_trailing(where, label, [text for _, text in rest], extra)
+        elif len(rest) > len(extra):
+            raise _too_many(where, label, len(rest), extra)
+        elif len(rest) == len(extra):
+            trailing[label] = {column: text for column, (_, text) in zip(extra, rest, strict=True)}
+            complete.append({column: start for column, (start, _) in zip(extra, rest, strict=True)})
+        elif rest:
+            short[label] = (where, rest)
+    trailing.update(_place_short_rows(short, complete, extra))
     missing = [gpu for gpu in gpus if gpu not in links]
     if missing:
         raise InputError(f"{source}: GPU(s) {missing} are in the header but have no row",
                          hint="the matrix looks truncated: pass the whole output of `nvidia-smi topo -m`")
+    _check_symmetric(links, lines)
+    cpu_affinity = {gpu: _affinity(lines[gpu], gpu, trailing.get(gpu, {})) for gpu in gpus}
+    numa = {gpu: _numa(trailing.get(gpu, {}).get("NUMA Affinity")) for gpu in gpus}
+    gpu_numa_id = {gpu: _numa(trailing.get(gpu, {}).get("GPU NUMA ID")) for gpu in gpus} if "GPU NUMA ID" in extra else {}
+    unnamed = [device for device in devices if _UNNAMED_NIC_RE.match(device) and device not in legend]
     has_nvlink = any(cell.startswith("NV") for row in links.values() for cell in row.values())
     pcie_only = matrix.legend_has_nvlink is False and not has_nvlink and len(gpus) > 1
-    return Topology(gpus, nics, links, cpu_affinity, numa, gpu_numa_id, legend, pcie_only)
+    return Topology(gpus, nics, links, cpu_affinity, numa, gpu_numa_id, legend, pcie_only, unnamed)
 
 
 def parse_topologies(text: str, source: str = "<topology>") -> list[Topology]:

@@ -149,7 +149,7 @@ def test_rank_binding_sets_env_and_cpus():
         assert os.sched_getaffinity(0) == {cpu}
     finally:
         os.sched_setaffinity(0, saved)
-    far = {"LOCAL_RANK": "0", "SEEDANCE_TRAIN_RANKS": json.dumps([{"env": {}, "cpus": "100000"}])}
+    far = {"LOCAL_RANK": "0", "SEEDANCE_TRAIN_RANKS": json.dumps([{"env": {}, "cpus": "65000"}])}
     assert "skipped" in apply_rank_binding(far)
 
 
@@ -175,3 +175,24 @@ def test_detect_without_nvidia_smi_says_what_to_do():
     result = CliRunner().invoke(app, ["train", "plan", "--detect"], env={"PATH": "/nonexistent"})
     assert result.exit_code == 2
     assert "nvidia-smi" in result.output and "--topology" in result.output
+
+
+def test_nic_headers_without_a_legend_leave_nccl_ib_hca_unset_with_a_warning():
+    della = TOPO / "h100_8gpu_nv18_6nic_niclegend_empty_affinity_della.txt"
+    topo = parse_topologies("".join(della.read_text().splitlines(keepends=True)[:16]), "della_nolegend.txt")[0]
+    plan = make_plan(topo, nodes=2, rdzv_endpoint="n0:29500")
+    assert plan["profile"]["name"] == "ib-multi-node"
+    assert "NCCL_IB_HCA" not in plan["env"]
+    assert all("NCCL_IB_HCA" not in rank["env"] for rank in plan["ranks"])
+    assert any(warning.startswith("NIC0..NIC5 have no NIC Legend; pass the whole `nvidia-smi topo -m` output")
+               for warning in plan["warnings"])
+
+
+def test_cli_plan_on_a_malformed_affinity_cell_is_an_error_line_not_an_internal_error(tmp_path):
+    source = (TOPO / "a100_8gpu_nv12_2numa_spaces_nonic.txt").read_text()
+    bad = tmp_path / "a100.txt"
+    bad.write_text(source.replace("0-23 ", "0-2x3 ", 1))
+    result = CliRunner().invoke(app, ["train", "plan", "--topology", str(bad)])
+    assert result.exit_code == 1, result.output
+    assert f"error: {bad}:4: CPU Affinity '0-2x3' of GPU0 is not a CPU list" in result.output
+    assert "hint:" in result.output and "unexpected" not in result.output

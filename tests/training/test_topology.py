@@ -136,3 +136,85 @@ def test_asking_for_a_matrix_past_the_last_says_which_there_are():
     with pytest.raises(UsageError) as caught:
         parse_topology(text, "two.txt", 2)
     assert "holds 2 topology matrices" in caught.value.message and "--machine between 0 and 1" in caught.value.hint
+
+
+DELLA = "h100_8gpu_nv18_6nic_niclegend_empty_affinity_della.txt"
+A100 = "a100_8gpu_nv12_2numa_spaces_nonic.txt"
+
+
+def _a100_line(number: int, old: str, new: str) -> str:
+    lines = (TOPO / A100).read_text().splitlines(keepends=True)
+    assert old in lines[number - 1]
+    lines[number - 1] = lines[number - 1].replace(old, new, 1)
+    return "".join(lines)
+
+
+def test_space_aligned_empty_affinity_cell_is_placed_by_its_column_not_shifted():
+    tabbed = load(DELLA)
+    spaced = parse_topology((TOPO / DELLA).read_text().expandtabs(8), "della_spaces.txt")  # as `expand -t 8`
+    assert spaced.numa == tabbed.numa == {gpu: 0 if int(gpu[3]) < 4 else 1 for gpu in GPUS8}
+    assert spaced.cpu_affinity == tabbed.cpu_affinity
+    assert spaced.cpu_affinity["GPU0"] is None and spaced.cpu_affinity["GPU4"] == [1]
+    assert spaced.gpu_numa_id == tabbed.gpu_numa_id
+
+
+@pytest.mark.parametrize("old, new", [
+    ("\t1\t1\t\tN/A", "\t\t1\t\tN/A"),  # every row short: no complete row shows where the columns are
+    ("\t1\t1\t\tN/A", "\t52-103,156-207\t1\t\tN/A"),  # wide cells move the NUMA column of complete rows
+])
+def test_space_aligned_rows_whose_empty_cell_cannot_be_told_are_refused(old, new):
+    text = (TOPO / DELLA).read_text().replace(old, new).expandtabs(8)
+    with pytest.raises(InputError) as caught:
+        parse_topology(text, "spaces.txt")
+    assert caught.value.message.startswith("spaces.txt:3: row GPU0 has 2 cells for the 3 columns")
+    assert "tab-separated" in caught.value.hint
+
+
+@pytest.mark.parametrize("cell, reason", [
+    ("0-2x3", "'0-2x3' is not a CPU id or a range of them"),
+    ("47-24", "malformed range '47-24'"),
+    ("0-99999999999", "CPU 99999999999 is above 65535"),
+    ("65536", "CPU 65536 is above 65535"),
+])
+def test_a_malformed_cpu_affinity_cell_names_file_line_and_gpu(cell, reason):
+    with pytest.raises(InputError) as caught:
+        parse_topology(_a100_line(4, "0-23 ", f"{cell} "), "a100.txt")
+    assert caught.value.message.startswith(f"a100.txt:4: CPU Affinity '{cell}' of GPU0 is not a CPU list")
+    assert reason in caught.value.message and caught.value.hint
+
+
+def test_cpu_list_parts_are_checked_and_bounded():
+    assert parse_cpu_list("3,1-2,2") == [1, 2, 3]
+    assert parse_cpu_list("0-65535")[-1] == 65535
+    for bad in ("1-", "-3", "a", "1-2-3", "٣"):
+        with pytest.raises(ValueError):
+            parse_cpu_list(bad)
+
+
+@pytest.mark.parametrize("line, old, new, expected", [
+    (4, "0-23         0", "NV12 NV12 0-23  0", ":4: row GPU0 has 10 link cells, the header 8"),
+    (4, "0-23         0", "0-23  0  7  9", ":4: row GPU0 has 4 cells after its links, the header 2"),
+    (12, "", "", ":12: a second row for GPU0 (the first is line 4)"),
+    (5, "NV12  NV12  NV12", "NV12  PIX   NV12", ":5: GPU1-GPU3 is PIX here but GPU3-GPU1 is NV12 on line 7"),
+])
+def test_edited_rows_are_refused_naming_the_line(line, old, new, expected):
+    if line == 12:  # GPU0's row pasted again at the end
+        text = (TOPO / A100).read_text() + (TOPO / A100).read_text().splitlines(keepends=True)[3]
+    else:
+        text = _a100_line(line, old, new)
+    with pytest.raises(InputError) as caught:
+        parse_topology(text, "a100.txt")
+    assert expected in caught.value.message, caught.value.message
+    assert caught.value.hint
+
+
+def test_an_unindented_header_is_still_the_header():
+    text = _a100_line(3, "      GPU0", "GPU0")
+    assert parse_topology(text, "a100.txt").cpu_affinity == load(A100).cpu_affinity
+
+
+def test_nic_headers_without_a_legend_are_reported_unnamed():
+    head = "".join((TOPO / DELLA).read_text().splitlines(keepends=True)[:16])  # `head -n 16`: no legends
+    topo = parse_topology(head, "della_nolegend.txt")
+    assert topo.unnamed_nics == [f"NIC{i}" for i in range(6)]
+    assert load(DELLA).unnamed_nics == []
