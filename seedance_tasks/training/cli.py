@@ -168,13 +168,19 @@ def health_command(
     if not path.is_file():
         what = "is a directory, not a log file" if path.is_dir() else "not found"
         raise UsageError(f"log {log}: {what}", hint="pass one job's log file (NCCL_DEBUG=INFO output or nccl-tests)")
+    if link and not profile:
+        raise UsageError("--link picks one of a profile's expected bandwidths: it needs --profile NAME",
+                         hint="add --profile NAME, or give the figure itself with --expected-busbw GBPS")
+    no_expectation = None
     if expected_busbw is None and profile:
         profiles = load_profiles()
         if profile not in profiles:
             raise UsageError(f"unknown NCCL profile {profile!r}", hint=f"choose one of: {', '.join(profiles)}")
-        figures = profiles[profile].expected_busbw_gbps
-        expected_busbw = figures.get(link) if link else (max(figures.values()) if figures else None)
-    result = health.report(path.read_text(errors="replace"), expected_busbw=expected_busbw)
+        expected_busbw = health.expected_busbw_of(profiles[profile], link)
+        if expected_busbw is None:
+            no_expectation = f"profile {profile!r} has no expected bus bandwidth figures (expected_busbw_gbps)"
+    result = health.report(path.read_text(errors="replace"), expected_busbw=expected_busbw,
+                           no_expectation=no_expectation)
     result["log"] = str(path)
 
     def render(res: dict) -> None:

@@ -2,7 +2,8 @@
 nccl-tests `all_reduce_perf` tables, summarised with a verdict (likely cause and fix).
 
 Every parser takes plain text and tolerates the usual prefixes (`host:pid:tid [dev] NCCL INFO`,
-`[rank1]:[E626 ...]`, torchrun's `[default0]:`); lines it does not know are skipped.
+`[rank1]:[E626 ...]`, torchrun's `[default0]:`, `mpirun --tag-output`'s `[1,0]<stdout>:`); lines it
+does not know are skipped.
 """
 
 from __future__ import annotations
@@ -11,7 +12,9 @@ import re
 from collections import Counter
 from typing import Any
 
+from seedance_tasks.errors import UsageError
 from seedance_tasks.training.launch import parse_failures
+from seedance_tasks.training.plan import Profile
 
 _TIMEOUT_RE = re.compile(
     r"\[Rank (?P<rank>\d+)\] Watchdog caught collective operation timeout: WorkNCCL\("
@@ -50,6 +53,8 @@ _PERF_RANK_RE = re.compile(r"^#\s+Rank\s+(\d+)\s+Group")
 _AVG_BUSBW_RE = re.compile(r"#\s*Avg bus bandwidth\s*:\s*([\d.]+)")
 _FORCED_RE = re.compile(r"\b(NCCL_ALGO|NCCL_PROTO)=(\S+)")
 _LAUNCH_RE = re.compile(r"^\$ .*torch\.distributed\.run")  # the header `seedance train launch` writes
+# what a launcher puts before each line of a rank's output: torchrun, PyTorch's rank tag, mpirun --tag-output
+_LINE_PREFIX_RE = re.compile(r"^(?:\[default\d+\]:|\[rank\d+\]:|\[\d+,\d+\]<std(?:out|err)>:)+")
 _SATURATION_BYTES = 256 * 1024**2  # all_reduce busbw keeps rising below this on NVLink machines
 
 # Every NCCL WARN line and NCCL error code lands in one of these classes, and each class reaches
@@ -135,6 +140,24 @@ def classify_warning(text: str) -> dict[str, str]:
             "fix": "read the NCCL INFO lines around it (NCCL_DEBUG=INFO) for the call that failed"}
 
 
+def _lines(text: str) -> list[str]:
+    """The lines of `text` without the launcher prefixes (`[default0]:`, `[rank1]:`, `[1,0]<stdout>:`)."""
+    return [_LINE_PREFIX_RE.sub("", line) for line in text.splitlines()]
+
+
+def expected_busbw_of(profile: Profile, link: str | None) -> float | None:
+    """`profile`'s expected all_reduce bus bandwidth (GB/s) for GPU `link` (default: its highest);
+    None where it has no figures; UsageError naming the known links for a link it has none for."""
+    figures = profile.expected_busbw_gbps
+    if link is None:
+        return max(figures.values()) if figures else None
+    if link not in figures:
+        raise UsageError(f"profile {profile.name!r} has no expected bus bandwidth for --link {link}",
+                         hint=f"known links for it: {', '.join(figures)}" if figures
+                         else "it has no expected_busbw_gbps figures: pass --expected-busbw GBPS")
+    return figures[link]
+
+
 def _transport(via: str) -> str:
     """`NET/IB/0/GDRDMA` -> `NET/IB/GDRDMA`, `P2P/direct pointer/read` -> `P2P/direct pointer/read`."""
     parts = via.split("/")
@@ -160,7 +183,7 @@ def parse_nccl_log(text: str) -> dict[str, Any]:
     init_complete = 0
     forced: dict[str, str] = {}
     nccl_lines = 0
-    lines = text.splitlines()
+    lines = _lines(text)
     for line in lines:
         if _NCCL_RE.search(line):
             nccl_lines += 1
@@ -239,7 +262,7 @@ def parse_nccl_tests(text: str) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
     ranks: set[int] = set()
     average = None
-    for line in text.splitlines():
+    for line in _lines(text):
         if match := _PERF_RANK_RE.match(line):
             ranks.add(int(match.group(1)))
             continue
@@ -263,7 +286,7 @@ def parse_nccl_tests(text: str) -> dict[str, Any]:
     inferred = None
     for row in rows:  # all_reduce: busbw = algbw * 2(n-1)/n  =>  n = 2 / (2 - ratio)
         part = row["out_of_place"]
-        if part["algbw"] >= 1 and row["redop"] != "none":
+        if part["algbw"] >= 1 and row["redop"] != "none" and row["root"] == -1:  # reduce/broadcast: busbw = algbw
             ratio = part["busbw"] / part["algbw"]
             if 1 <= ratio < 2:
                 inferred = round(2 / (2 - ratio))
@@ -280,7 +303,8 @@ def parse_nccl_tests(text: str) -> dict[str, Any]:
     }
 
 
-def _verdict(log: dict[str, Any], perf: dict[str, Any], expected_busbw: float | None) -> dict[str, Any]:
+def _verdict(log: dict[str, Any], perf: dict[str, Any], expected_busbw: float | None,
+             no_expectation: str | None) -> dict[str, Any]:
     findings: list[dict[str, str]] = []
 
     def add(status: str, cause: str, fix: str, kind: str | None = None) -> None:
@@ -373,6 +397,10 @@ def _verdict(log: dict[str, Any], perf: dict[str, Any], expected_busbw: float | 
             else:
                 add("ok", f"peak bus bandwidth {peak:g} GB/s is {ratio:.0%} of the {expected_busbw:g} GB/s expected",
                     "nothing to do")
+        elif peak is not None:
+            add("info", f"peak bus bandwidth {peak:g} GB/s up to {largest / 1024**2:g} MiB messages, not compared: "
+                f"{no_expectation or 'no expected figure given'}",
+                "pass --profile NAME --link TYPE (e.g. NV18) or --expected-busbw GBPS to compare")
     if not findings:
         if log["nccl_lines"]:
             via = ", ".join(sorted(transports)) or "no transport lines"
@@ -387,9 +415,10 @@ def _verdict(log: dict[str, Any], perf: dict[str, Any], expected_busbw: float | 
             "fix": findings[0]["fix"], "findings": findings}
 
 
-def report(text: str, *, expected_busbw: float | None = None) -> dict[str, Any]:
+def report(text: str, *, expected_busbw: float | None = None, no_expectation: str | None = None) -> dict[str, Any]:
     """The health report of one log: `timeouts`, `channels`, `transports`, `algorithms`, `bandwidth`
-    (nccl-tests rows, when present) and a `verdict` {status, cause, fix, findings}."""
+    (nccl-tests rows, when present) and a `verdict` {status, cause, fix, findings}; `no_expectation`
+    says why there is no expected bandwidth, when there is none."""
     lines = text.splitlines()
     launches = [i for i, line in enumerate(lines) if _LAUNCH_RE.match(line)]
     if len(launches) > 1:  # a relaunch appends to the run's log: judge its last launch
@@ -421,5 +450,5 @@ def report(text: str, *, expected_busbw: float | None = None) -> dict[str, Any]:
             "ranks": perf["ranks"] or perf["ranks_inferred"],
             "expected_busbw": expected_busbw,
         } if perf["rows"] else None,
-        "verdict": _verdict(log, perf, expected_busbw),
+        "verdict": _verdict(log, perf, expected_busbw, no_expectation),
     }

@@ -228,3 +228,63 @@ def test_cli_health_exits_with_the_failed_verdict_text():
 def test_counts_that_cannot_be_are_refused_as_usage_errors(args, option):
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 2 and option in result.output and "Traceback" not in result.output
+
+
+def _full_sweep(prefix: str = "") -> str:
+    """The nccl-tests header, the sample's rows and a 1 GiB row, no NCCL_DEBUG lines."""
+    header = (LOGS / "nccl_tests_all_reduce_perf_header_8x4090_tree_nccl1530.txt").read_text().splitlines()
+    head = [line for line in header if line.startswith("#") and ("size" in line or "(B)" in line)]
+    rows = (LOGS / "nccl_tests_all_reduce_perf_rows_mooncake3484.txt").read_text().splitlines()[1:]
+    big = "  1073741824     268435456     float     sum      -1   4500.0  238.61  417.57       0   4490.0  239.14  418.50       0"
+    return "\n".join(prefix + line for line in [*head, *rows, big]) + "\n"
+
+
+def test_a_full_sweep_without_an_expectation_reports_its_peak():
+    verdict = health.report(_full_sweep())["verdict"]
+    assert verdict["status"] == "ok", verdict
+    assert verdict["cause"].startswith("peak bus bandwidth 418.5 GB/s up to 1024 MiB messages, not compared")
+    assert "--expected-busbw" in verdict["fix"]
+
+
+@pytest.mark.parametrize("prefix", ["[1,0]<stdout>:", "[default0]:", "[rank0]:"])
+def test_nccl_tests_rows_behind_a_launcher_prefix_are_read(prefix):
+    plain, tagged = health.report(_full_sweep()), health.report(_full_sweep(prefix), expected_busbw=450)
+    assert tagged["bandwidth"]["rows"] == plain["bandwidth"]["rows"] and len(plain["bandwidth"]["rows"]) == 12
+    assert tagged["verdict"]["status"] == "ok" and "93%" in tagged["verdict"]["cause"]
+
+
+def test_ranks_are_inferred_from_all_reduce_rows_only():
+    reduce_row = "    33554432       8388608     float     sum       0   195.40  171.72  171.72       0   195.40  171.73  171.73       0"
+    assert health.parse_nccl_tests(reduce_row)["ranks_inferred"] is None  # reduce: busbw = algbw for any n
+    all_reduce = (LOGS / "nccl_tests_all_reduce_perf_rows_mooncake3484.txt").read_text()
+    assert health.parse_nccl_tests(all_reduce)["ranks_inferred"] == 8
+
+
+def _health_cli(tmp_path, *args):
+    log = tmp_path / "sweep.txt"
+    log.write_text(_full_sweep())
+    return CliRunner().invoke(app, ["train", "health", str(log), *args])
+
+
+def test_cli_health_link_must_be_one_the_profile_knows(tmp_path):
+    unknown = _health_cli(tmp_path, "--profile", "nvlink-single-node", "--link", "NV99")
+    assert unknown.exit_code == 2, unknown.output
+    assert "no expected bus bandwidth for --link NV99" in unknown.output
+    assert "known links for it: NV18, NV12, NV8, NV4, NV2" in unknown.output
+    known = _health_cli(tmp_path, "--profile", "nvlink-single-node", "--link", "NV18", "--json")
+    assert json.loads(known.stdout)["bandwidth"]["expected_busbw"] == 360
+
+
+def test_cli_health_link_without_a_profile_is_a_usage_error(tmp_path):
+    result = _health_cli(tmp_path, "--link", "NV18")
+    assert result.exit_code == 2 and "--link" in result.output and "needs --profile" in result.output
+    assert "hint:" in result.output
+
+
+def test_cli_health_profile_without_figures_says_so(tmp_path):
+    result = _health_cli(tmp_path, "--profile", "cpu-gloo", "--json")
+    assert result.exit_code == 0, result.output
+    verdict = json.loads(result.stdout)["verdict"]
+    assert "profile 'cpu-gloo' has no expected bus bandwidth figures" in verdict["cause"]
+    with_link = _health_cli(tmp_path, "--profile", "cpu-gloo", "--link", "NV18")
+    assert with_link.exit_code == 2 and "no expected_busbw_gbps figures" in with_link.output
