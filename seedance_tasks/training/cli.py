@@ -220,7 +220,14 @@ def schedule_command(
     cfg = load_settings().training
     run = schedule.RunSchedule.from_settings(cfg.schedule, steps or cfg.steps)
     rows = schedule.table(run, world_size)
-    emit({"schedule": run.to_dict(), "world_size": world_size, "steps": rows}, as_json, lambda res: console.print(
-        table(f"batch schedule, world size {world_size}", ["step", "target", "accum", "global batch", "lr"],
-              [[r["step"], r["target_batch"], r["accumulation"], r["global_batch"], f"{r['lr']:.4g}"]
-               for r in res["steps"]])))
+    warning = schedule.oversize_warning(run, world_size, rows)
+
+    def render(res: dict) -> None:
+        console.print(table(f"batch schedule, world size {world_size}", ["step", "target", "accum", "global batch", "lr"],
+                            [[r["step"], r["target_batch"], r["accumulation"], r["global_batch"], f"{r['lr']:.4g}"]
+                             for r in res["steps"]]))
+        for text in res["warnings"]:
+            console.print(f"[yellow]warning:[/] {escape(text)}")
+
+    emit({"schedule": run.to_dict(), "world_size": world_size, "steps": rows, "warnings": [warning] if warning else []},
+         as_json, render)

@@ -93,6 +93,21 @@ def table(schedule, world_size: int, steps: int | None = None) -> list[dict]:
     return [plan_step(step, schedule, world_size).to_dict() for step in range(count)]
 
 
+def oversize_warning(schedule, world_size: int, rows: list[dict]) -> str | None:
+    """A warning where one micro-batch per rank already exceeds the target batch (the accumulation
+    cannot go below 1, so the realised global batch is larger than the schedule asks); else None."""
+    floor = schedule.micro_batch * world_size
+    over = [row for row in rows if floor > row["target_batch"]]
+    if not over:
+        return None
+    worst = max(row["global_batch"] / row["target_batch"] for row in over)
+    critical = schedule.critical_batch
+    past = f", and past critical_batch {critical}" if critical and floor > critical else ""
+    return (f"world size {world_size} x micro_batch {schedule.micro_batch} = {floor} samples per step is more than "
+            f"the target batch at {len(over)} of {len(rows)} steps (up to {worst:.3g}x the target{past}): "
+            "use fewer ranks or a smaller micro_batch to follow the schedule")
+
+
 @dataclass(frozen=True)
 class RunSchedule:
     """A schedule bound to a run length: the settings' fields plus `total_steps`."""

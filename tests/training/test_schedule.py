@@ -77,3 +77,25 @@ def test_table_covers_the_run(world):
     rows = schedule.table(make(), world)
     assert [row["step"] for row in rows] == list(range(20))
     assert rows[-1]["global_batch"] == 64
+
+
+def test_a_world_too_large_for_the_target_batch_is_warned_about():
+    s = make(critical_batch=512)
+    assert schedule.oversize_warning(s, 2, schedule.table(s, 2)) is None
+    warning = schedule.oversize_warning(s, 100_000, schedule.table(s, 100_000))
+    assert warning.startswith("world size 100000 x micro_batch 4 = 400000 samples per step is more than the "
+                              "target batch at 20 of 20 steps (up to 1.25e+04x the target, and past critical_batch 512)")
+    # 16 ranks x 4 = 64: over the targets 32 and 60 of the first two warmup steps only
+    assert "at 2 of 20 steps" in schedule.oversize_warning(s, 16, schedule.table(s, 16))
+
+
+def test_cli_schedule_prints_the_warning():
+    import json
+
+    from typer.testing import CliRunner
+
+    from seedance_tasks.cli import app
+
+    result = CliRunner().invoke(app, ["train", "schedule", "--world-size", "100000", "--steps", "4", "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["warnings"][0].startswith("world size 100000")
