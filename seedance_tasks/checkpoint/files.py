@@ -129,4 +129,9 @@ def _write_safetensors(state: Any, temp: str) -> None:
     skeleton, named = flatten(state)
     flat = {name: tensor.contiguous() for name, tensor in named}
     metadata = {TREE_KEY: json.dumps({"skeleton": skeleton, "names": [name for name, _ in named]})}
-    save_file(flat, temp, metadata=metadata)
+    try:
+        save_file(flat, temp, metadata=metadata)
+    except KeyError as exc:  # a dtype safetensors has no name for (complex...)
+        name = next((name for name, tensor in flat.items() if tensor.dtype == exc.args[0]), "?")
+        raise UsageError(f"safetensors cannot hold {str(exc.args[0]).removeprefix('torch.')} (tensor {name})",
+                         hint="write a .pt file instead (--out FILE.pt)") from None

@@ -11,7 +11,9 @@ the model below and refuses (IntegrityError naming the manifest and the field):
   the checkpoint's own slot there, `<root>/<run>/step-<N>/<id>/<name>`. The trusted locations
   are the store itself, `checkpoint.archive_locations`, and every `lifecycle.tiers.<tier>.uri`
   of the configuration (`trusted_roots`); a caller working with other settings passes its own;
-- chunks naming a file the manifest does not list, bases and chains that do not go backwards.
+- chunks naming a file the manifest does not list, bases and chains that do not go backwards;
+- a `tree` that cannot be rebuilt: an unknown node, a tensor index out of range, a scalar not of
+  its kind, nesting past `tree.MAX_DEPTH` (checked without recursion; see `tree.tree_problem`).
 
 Formats (`format`): `seedance-checkpoint/2` (written now) gives every chunk a `blake3` digest
 (BLAKE3-256, hex) of its raw bytes; `seedance-checkpoint/1` (older stores, still read, verified,
@@ -41,6 +43,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from seedance_tasks import storage
+from seedance_tasks.checkpoint.tree import tree_problem
 from seedance_tasks.errors import IntegrityError
 from seedance_tasks.storage import Location
 
@@ -224,7 +227,10 @@ def parse(data: bytes | str | dict, *, where: str, run: str, step: int, roots: I
         try:
             data = json.loads(data)
         except ValueError as exc:
-            raise IntegrityError(f"manifest {where} is unreadable: {exc}") from None
+            raise IntegrityError(f"manifest {where} is unreadable: {exc}",
+                                 hint="it was damaged or edited; restore it from the trash or a copy") from None
+        except RecursionError:
+            raise _refuse(where, "(top level)", "nested too deeply to be a manifest") from None
     if not isinstance(data, dict):
         raise _refuse(where, "(top level)", "not an object")
     if data.get("format") not in FORMATS:
@@ -250,6 +256,9 @@ def parse(data: bytes | str | dict, *, where: str, run: str, step: int, roots: I
     except ValueError:
         raise _refuse(where, "created_at", f"{model.created_at!r} is not an ISO time") from None
     _check_links(model, where)
+    problem = tree_problem(model.tree, len(model.tensors))
+    if problem:
+        raise _refuse(where, *problem)
     trusted = [root.rstrip("/") for root in roots]
     for name, entry in model.files.items():
         if not _FILE_NAME.match(name) or ".." in name:

@@ -30,6 +30,7 @@ a manifest is an interrupted save: invisible to readers.
 from __future__ import annotations
 
 import logging
+import math
 import mmap
 import os
 import posixpath
@@ -61,6 +62,7 @@ from seedance_tasks.checkpoint.catalog import (  # noqa: F401 - re-exported: the
     runs,
 )
 from seedance_tasks.checkpoint.manifest import FORMAT, MANIFEST, STEP_DIR, chunk_digest, step_dir  # noqa: F401
+from seedance_tasks.checkpoint.manifest import stored_bytes as data_file_bytes
 from seedance_tasks.checkpoint.tree import flatten, keep_exact, same_tree, unflatten
 from seedance_tasks.errors import IntegrityError, RefusedError, UsageError
 from seedance_tasks.storage import Location
@@ -104,6 +106,17 @@ def _torch_dtype(name: str, where: str = "a manifest"):
                              hint="the manifest was edited or damaged, or written with a torch that has this dtype: "
                              "restore it with that torch version")
     return dtype
+
+
+def _check_shape(entry: dict, where: str) -> None:
+    """A tensor's shape must hold exactly its stored bytes (else it could not be rebuilt)."""
+    shape, itemsize = entry["shape"], _torch_dtype(entry["stored_dtype"]).itemsize
+    if any(size < 0 for size in shape) or math.prod(shape) * itemsize != entry["nbytes"]:
+        raise IntegrityError(
+            f"manifest {where}: tensors[{entry['name']!r}].shape {str(shape)[:80]} of {entry['stored_dtype']} "
+            f"does not hold its nbytes {entry['nbytes']}; refused",
+            hint="the manifest was edited or damaged; restore it from the trash or a copy, or save the checkpoint again",
+        )
 
 
 def _raw_bytes(tensor) -> np.ndarray:
@@ -678,9 +691,11 @@ class _Chain:
         self.manifest = manifest or read_manifest(store, run, step)
         self.files = _Files(store, run, self.manifest)
         self.tensors = {t["name"]: t for t in self.manifest["tensors"]}
+        where = manifest_path(store, run, step)
         for entry in self.tensors.values():  # refused before any decoding, naming the manifest and the tensor
             for key in ("dtype", "stored_dtype"):
-                _torch_dtype(entry[key], f"manifest {manifest_path(store, run, step)}: tensors[{entry['name']!r}].{key}")
+                _torch_dtype(entry[key], f"manifest {where}: tensors[{entry['name']!r}].{key}")
+            _check_shape(entry, where)
         self.digest_field, self.digest = chunk_digest(self.manifest)  # blake3 (format 2) or sha256 (1)
         self._base: _Chain | None = None
         self._lock = threading.Lock()
@@ -908,7 +923,8 @@ def list_checkpoints(store_uri: str, run: str | None = None) -> list[dict]:
         for step in committed_steps(store, name):
             manifest = read_manifest(store, name, step)
             created = datetime.fromisoformat(manifest["created_at"])
-            stats = manifest["stats"]
+            raw = sum(tensor["nbytes"] for tensor in manifest["tensors"])  # from the validated fields, not `stats`
+            stored = data_file_bytes(manifest)
             rows.append(
                 {
                     "run": name,
@@ -916,9 +932,9 @@ def list_checkpoints(store_uri: str, run: str | None = None) -> list[dict]:
                     "kind": manifest["kind"],
                     "base": manifest["base"]["step"] if manifest.get("base") else None,
                     "depth": manifest.get("depth", 0),
-                    "raw_bytes": stats["raw_bytes"],
-                    "stored_bytes": stats["stored_bytes"],
-                    "ratio": round(stats["ratio"], 4) if stats["ratio"] else None,
+                    "raw_bytes": raw,
+                    "stored_bytes": stored,
+                    "ratio": round(raw / stored, 4) if raw and stored else None,
                     "tier": ",".join(sorted({f.get("tier", "hot") for f in manifest["files"].values()})),
                     "age_s": round((now - created).total_seconds(), 1),
                     "created_at": manifest["created_at"],
@@ -940,7 +956,8 @@ def verify_run(store_uri: str, run: str, step: int | None = None, *, workers: in
     store = storage.resolve(store_uri)
     steps = [int(step)] if step is not None else committed_steps(store, _check_name(run))
     if not steps:
-        raise IntegrityError(f"no committed checkpoint of run {run!r} in {store.uri}")
+        raise IntegrityError(f"no committed checkpoint of run {run!r} in {store.uri}",
+                             hint=f"`seedance ckpt ls --store {store.uri}` lists the runs")
     damaged, checked = [], []
     for item in steps:
         try:

@@ -80,6 +80,79 @@ def _scalar_value(node: dict) -> Any:
     raise _unknown(node)
 
 
+MAX_DEPTH = 100  # containers inside containers: far past any model's state, well inside Python's recursion limit
+_INT_TEXT = re.compile(r"^-?[0-9]{1,4000}$")
+_FLOAT_TEXT = ("nan", "inf", "-inf")
+_CONTAINERS = ("dict", "list", "tuple")
+
+
+def tree_problem(skeleton: Any, tensor_count: int) -> tuple[str, str] | None:
+    """(path, problem) of the first node that keeps `skeleton` from being a tree `unflatten` can
+    rebuild over `tensor_count` tensors (known nodes only, tensor indices in range, scalars of
+    their kind, at most MAX_DEPTH containers deep), or None. Iterative: a hostile tree cannot
+    exhaust the stack."""
+    pending = [(skeleton, 0, "tree")]
+    while pending:
+        node, depth, path = pending.pop()
+        if depth > MAX_DEPTH:
+            return "tree", f"nested more than {MAX_DEPTH} containers deep"
+        problem = _node_problem(node, tensor_count)
+        if problem:
+            return path, problem
+        pending.extend((child, depth + 1, f"{path}.{label}") for label, child in _children(node))
+    return None
+
+
+def _node_problem(node: Any, tensor_count: int) -> str | None:
+    if not isinstance(node, dict) or not node:
+        return f"{str(node)[:60]!r} is not a tree node"
+    if "tensor" in node:
+        index = node["tensor"]
+        valid = isinstance(index, int) and not isinstance(index, bool) and 0 <= index < tensor_count
+        return None if valid else f"tensor index {str(index)[:40]!r} is not one of its {tensor_count} tensors"
+    if "dict" in node:
+        pairs = node["dict"]
+        if not isinstance(pairs, list) or not all(isinstance(p, list) and len(p) == 2 for p in pairs):
+            return "a dict node holds [key, value] pairs"
+        return next((_scalar_problem(key) for key, _ in pairs if _scalar_problem(key)), None)
+    if "list" in node or "tuple" in node:
+        return None if isinstance(node.get("list", node.get("tuple")), list) else "a list node holds a list"
+    if "quantized" in node:
+        return None if isinstance(node["quantized"], dict) else "a quantized node holds an object"
+    return _scalar_problem(node)
+
+
+def _scalar_problem(node: Any) -> str | None:
+    if not isinstance(node, dict) or len(node) != 1:
+        return f"{str(node)[:60]!r} is not a tree node"
+    (kind, value), = node.items()
+    valid = {
+        "none": lambda v: v is True,
+        "bool": lambda v: isinstance(v, bool),
+        "int": lambda v: isinstance(v, str) and bool(_INT_TEXT.match(v)),
+        "float": lambda v: (isinstance(v, int | float) and not isinstance(v, bool)) or v in _FLOAT_TEXT,
+        "str": lambda v: isinstance(v, str),
+        "torch_dtype": lambda v: isinstance(v, str),
+    }.get(kind)
+    if valid is None:
+        return f"unknown node kind {kind[:40]!r}"
+    return None if valid(value) else f"{kind} node holds {str(value)[:40]!r}"
+
+
+def _children(node: dict) -> list[tuple[str, Any]]:
+    if "dict" in node:
+        return [(f"dict[{index}]", value) for index, (_key, value) in enumerate(node["dict"])] + (
+            [("metadata", node["metadata"])] if "metadata" in node else [])
+    for kind in ("list", "tuple"):
+        if kind in node:
+            return [(f"{kind}[{index}]", item) for index, item in enumerate(node[kind])]
+    if "quantized" in node:
+        quantized = node["quantized"]
+        return [(f"quantized.{key}", quantized[key]) for key in ("values", "scale", "zero_point", "scales", "zero_points")
+                if key in quantized]
+    return []
+
+
 def _unknown(node: Any) -> IntegrityError:
     return IntegrityError(
         f"unknown node {str(node)[:120]!r} in a checkpoint's tree",
@@ -125,26 +198,39 @@ def flatten(state: Any) -> tuple[Any, list[tuple[str, Any]]]:
             node["axis"] = int(value.q_per_channel_axis())
         return {"quantized": node}
 
-    def walk(value: Any, path: str) -> Any:
+    def walk(value: Any, path: str, depth: int = 0) -> Any:
         if _is_tensor(value):
+            _check_dense(value, path)
             return quantized(value, path) if value.is_quantized else add(value, path)
+        if depth > MAX_DEPTH:
+            raise UsageError(f"cannot store {path}: nested more than {MAX_DEPTH} containers deep",
+                             hint="a checkpoint's dicts and lists nest at most that deep; flatten that part of the state")
         if isinstance(value, dict):
             items = []
             for key, item in value.items():
-                items.append([_scalar(key, path), walk(item, f"{path}/{key}" if path else str(key))])
+                items.append([_scalar(key, path), walk(item, f"{path}/{key}" if path else str(key), depth + 1)])
             node: dict[str, Any] = {"dict": items}
             if isinstance(value, OrderedDict):
                 node["class"] = ORDERED
                 metadata = getattr(value, "_metadata", None)
                 if metadata is not None:
-                    node["metadata"] = walk(metadata, f"{path}/_metadata" if path else "_metadata")
+                    node["metadata"] = walk(metadata, f"{path}/_metadata" if path else "_metadata", depth + 1)
             return node
         if isinstance(value, list | tuple):
             kind = "tuple" if isinstance(value, tuple) else "list"
-            return {kind: [walk(item, f"{path}/{i}" if path else str(i)) for i, item in enumerate(value)]}
+            return {kind: [walk(item, f"{path}/{i}" if path else str(i), depth + 1) for i, item in enumerate(value)]}
         return _scalar(value, path)
 
     return walk(state, ""), tensors
+
+
+def _check_dense(tensor: Any, path: str) -> None:
+    import torch
+
+    if tensor.is_nested or tensor.layout != torch.strided:
+        layout = "nested" if tensor.is_nested else str(tensor.layout).removeprefix("torch.")
+        raise UsageError(f"cannot store the {layout} tensor at {path or '/'} in a checkpoint",
+                         hint="store dense tensors: save tensor.to_dense() (or its indices and values) instead")
 
 
 def _dequantized_node(node: dict, tensors: list[Any]) -> Any:

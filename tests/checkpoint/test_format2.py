@@ -148,6 +148,9 @@ def _biggest(manifest):
     ("raw", lambda t: t["chunks"][0].update(raw=10**15), "chunks hold 1000000000000000 bytes, not its nbytes"),
     ("dtype", lambda t: t.update(dtype="evil"), "unknown dtype 'evil' in manifest"),
     ("stored_dtype", lambda t: t.update(stored_dtype="os.system"), "unknown dtype 'os.system' in manifest"),
+    ("shape", lambda t: t.update(shape=[2]), "shape [2] of float32 does not hold its nbytes"),
+    ("shape", lambda t: t.update(shape=[-t["nbytes"] // 4]), "does not hold its nbytes"),
+    ("shape", lambda t: t.update(shape=[10**30]), "does not hold its nbytes"),
 ])
 def test_a_manifest_with_a_bad_tensor_field_is_refused_naming_it_with_a_hint(tmp_path, drifting, field, change,
                                                                               expected):
@@ -272,3 +275,49 @@ def test_a_reused_choice_whose_ratio_drifts_is_sampled_again_at_the_next_save(tm
     assert [at[s]["other"]["sampled"] for s, _ in plan] == [True, True, False, False, False]
     for step, value in plan:
         assert_same(value, checkpoint.load(str(store), "r", step))
+
+
+def _deep_tree(levels: int) -> str:
+    """JSON text of a tensor inside `levels` lists (built as text: json.dumps recurses)."""
+    return '{"list":[' * levels + '{"tensor":0}' + "]}" * levels
+
+
+@pytest.mark.parametrize("tree, expected", [
+    (json.dumps({"dict": [[{"str": "w"}, {"tensor": 10**6}]]}), "tree.dict[0]: tensor index '1000000' is not one of its"),
+    (json.dumps({"dict": [[{"str": "n"}, {"int": "9" * 5000}]]}), "tree.dict[0]: int node holds"),
+    ('"x"', "tree: 'x' is not a tree node"),
+    ('{"set": [1]}', "unknown node kind 'set'"),
+    (_deep_tree(300), "nested more than 100 containers deep"),
+    (_deep_tree(5000), "nested too deeply to be a manifest"),
+], ids=["tensor-index", "huge-int", "not-a-node", "unknown-kind", "deep", "deeper-than-json"])
+def test_a_manifest_whose_tree_cannot_be_rebuilt_is_refused_by_verify_get_and_ls(tmp_path, drifting, tree, expected):
+    """verify must not pass a checkpoint that get cannot rebuild; a hostile tree (bad index, huge
+    int, deep nesting) is refused naming the manifest, never an internal error."""
+    store = tmp_path / "s"
+    (step, state), = drifting[:1]
+    checkpoint.save(state, str(store), "r", step)
+    tampered = _manifest(store, "r", step)
+    tampered["tree"] = "TREE"
+    text = json.dumps(tampered).replace('"tree": "TREE"', f'"tree": {tree}')
+    (store / "r" / f"step-{step}" / "manifest.json").write_text(text)
+    for attempt in (lambda: checkpoint.load(str(store), "r", step), lambda: ckstore.verify(str(store), "r", step),
+                    lambda: ckstore.list_checkpoints(str(store))):
+        with pytest.raises(IntegrityError) as caught:
+            attempt()
+        assert expected in caught.value.message and "manifest.json" in caught.value.message, caught.value.message
+        assert caught.value.hint
+    result = runner.invoke(app, ["ckpt", "verify", "--store", str(store), "--run", "r"])
+    assert result.exit_code == 4 and "damaged" in result.output
+
+
+def test_ls_reads_sizes_from_the_manifest_fields_not_its_stats(tmp_path, drifting):
+    store = tmp_path / "s"
+    (step, state), = drifting[:1]
+    checkpoint.save(state, str(store), "r", step)
+    good = ckstore.list_checkpoints(str(store))[0]
+    tampered = _manifest(store, "r", step)
+    tampered["stats"] = {"raw_bytes": 1}
+    _write_manifest(store, "r", step, tampered)
+    (row,) = ckstore.list_checkpoints(str(store))
+    assert (row["raw_bytes"], row["stored_bytes"], row["ratio"]) == (good["raw_bytes"], good["stored_bytes"], good["ratio"])
+    assert row["raw_bytes"] == sum(t["nbytes"] for t in tampered["tensors"])

@@ -272,3 +272,27 @@ def test_a_save_starts_the_write_back_of_its_data_files_while_writing_them(tmp_p
             assert entry["size"] - 64 * 1024 < hinted[str(step_folder / name)] <= entry["size"], name
     assert hinted, "no data file was large enough to be hinted"
     assert checkpoint.load(str(store), "r", 0).keys() == state.keys()
+
+
+@pytest.mark.parametrize("tensor, layout", [
+    (lambda: torch.eye(3).to_sparse(), "sparse_coo"),
+    (lambda: torch.eye(3).to_sparse_csr(), "sparse_csr"),
+    (lambda: torch.nested.nested_tensor([torch.ones(2), torch.ones(3)]), "nested"),
+])
+def test_a_sparse_or_nested_tensor_is_refused_naming_it_with_a_hint(tmp_path, tensor, layout):
+    source = tmp_path / "sparse.pt"
+    torch.save({"dense": torch.ones(2), "odd": tensor()}, source)
+    result = runner.invoke(app, ["ckpt", "put", str(source), "--store", str(tmp_path / "s"), "--run", "r", "--step", "1"])
+    assert result.exit_code == 2, result.output
+    assert f"cannot store the {layout} tensor at odd" in result.output and "to_dense()" in result.output
+    assert not (tmp_path / "s" / "r" / "step-1" / "manifest.json").exists()
+
+
+def test_get_to_safetensors_of_a_dtype_it_cannot_hold_says_so_and_leaves_nothing(tmp_path):
+    ckstore._CACHE.clear()
+    checkpoint.save({"c": torch.zeros(2, dtype=torch.complex128)}, str(tmp_path / "s"), "r", 1)
+    out = tmp_path / "out" / "c.safetensors"
+    result = runner.invoke(app, ["ckpt", "get", "--store", str(tmp_path / "s"), "--run", "r", "--out", str(out)])
+    assert result.exit_code == 2, result.output
+    assert "safetensors cannot hold complex128 (tensor c)" in result.output and ".pt" in result.output
+    assert list(out.parent.iterdir()) == []
