@@ -102,9 +102,7 @@ def _read(root: Location, unit: _ReadUnit, schema: pa.Schema) -> pa.Table:
     try:
         table = parquet.read_row_groups(list(unit.row_groups))
     except _READ_ERRORS as exc:
-        raise BadSourceFile(
-            unit.source, f"row groups {unit.row_groups[0]}-{unit.row_groups[-1]} unreadable ({exc})"
-        ) from None
+        raise BadSourceFile(unit.source, _unreadable_row_groups(parquet, unit.row_groups, exc)) from None
     finally:
         parquet.close()
     try:
@@ -112,6 +110,22 @@ def _read(root: Location, unit: _ReadUnit, schema: pa.Schema) -> pa.Table:
     except _DATA_ERRORS as exc:
         raise SchemaConflict(f"{unit.source.path}: its values do not fit the partition's unified schema "
                              f"({_first_line(exc)})") from None
+
+
+def _unreadable_row_groups(parquet: pq.ParquetFile, row_groups: tuple[int, ...], error: BaseException) -> str:
+    """Which of `row_groups` fail to read (each read alone), with the first one's error: the reason
+    a file is quarantined names the damage, not the whole read unit it was found in."""
+    bad: list[int] = []
+    first = error
+    for index in row_groups if len(row_groups) > 1 else ():
+        try:
+            parquet.read_row_group(index)
+        except _READ_ERRORS as exc:
+            first = exc if not bad else first
+            bad.append(index)
+    bad = bad or list(row_groups)
+    label = f"row group {bad[0]}" if len(bad) == 1 else f"row groups {', '.join(map(str, bad))}"
+    return f"{label} of {parquet.metadata.num_row_groups} unreadable ({first})"
 
 
 def _first_line(exc: BaseException) -> str:

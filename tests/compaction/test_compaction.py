@@ -346,3 +346,20 @@ def test_file_metadata_the_files_agree_on_is_kept_and_a_disagreement_skips_the_p
     (skipped,) = report["skipped"]
     assert "file metadata 'geo' differs between" in skipped["reason"] and "b.parquet" in skipped["reason"]
     assert visible_data_files(other) == ["p=1/a.parquet", "p=1/b.parquet"]
+
+
+def test_a_quarantine_reason_names_the_damaged_row_group_not_the_whole_read(tmp_path, small_settings):
+    lake = tmp_path / "lake"
+    (lake / "p=1").mkdir(parents=True)
+    pq.write_table(pa.table({"k": list(range(300))}), lake / "p=1/good.parquet")
+    victim = lake / "p=1/bad.parquet"
+    pq.write_table(pa.table({"k": list(range(300, 600))}), victim, row_group_size=100, write_page_checksum=True,
+                   compression="none", use_dictionary=False)
+    data = bytearray(victim.read_bytes())
+    data[pq.ParquetFile(victim).metadata.row_group(1).column(0).data_page_offset + 400] ^= 0xFF
+    victim.write_bytes(bytes(data))
+    report = compact_dataset(str(lake), small_settings)
+    (quarantined,) = report["quarantined"]
+    assert quarantined["file"] == "p=1/bad.parquet"
+    assert quarantined["reason"].startswith("row group 1 of 3 unreadable"), quarantined["reason"]
+    assert visible_data_files(lake) == ["p=1/good.parquet"]
