@@ -125,8 +125,11 @@ def _merge(base: dict[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
     return merged
 
 
+CONFIG_HINT = "see config/seedance.yaml for every key and its default"
+
+
 def _describe(error: ValidationError, source: str, prefix: str | None = None,
-              names: Mapping[str, str] | None = None) -> ConfigError:
+              names: Mapping[str, str] | None = None, hint: str = CONFIG_HINT) -> ConfigError:
     lines = []
     for item in error.errors():
         loc = [str(part) for part in item["loc"]]
@@ -135,12 +138,11 @@ def _describe(error: ValidationError, source: str, prefix: str | None = None,
         key = ".".join([prefix, *loc] if prefix else loc)
         if item["type"] == "extra_forbidden":
             lines.append(f"unknown key '{key}'")
+        elif not key:  # a check across keys (e.g. small_file_size <= target_file_size)
+            lines.append(item["msg"].removeprefix("Value error, "))
         else:
             lines.append(f"'{key}': {item['msg']}{_shown_input(key, item.get('input'))}")
-    return ConfigError(
-        f"invalid settings in {source}: " + "; ".join(lines),
-        hint="see config/seedance.yaml for every key and its default",
-    )
+    return ConfigError(f"invalid settings in {source}: " + "; ".join(lines), hint=hint)
 
 
 _SECRET_KEY = re.compile(r"(?i)password|secret|token|webhook|credential|key_id|access_key")
@@ -256,4 +258,6 @@ def section_with(current: StrictModel, overrides: Mapping[str, Any], source: str
     try:
         return type(current).model_validate({**current.model_dump(), **values})
     except ValidationError as exc:
-        raise _describe(exc, source, names=names) from None
+        hint = ("fix that value in the run's form (or its conf)" if names else
+                "fix that option (--help lists every option; config/seedance.yaml has the defaults)")
+        raise _describe(exc, source, names=names, hint=hint) from None

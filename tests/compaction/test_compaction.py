@@ -363,3 +363,9 @@ def test_a_quarantine_reason_names_the_damaged_row_group_not_the_whole_read(tmp_
     assert quarantined["file"] == "p=1/bad.parquet"
     assert quarantined["reason"].startswith("row group 1 of 3 unreadable"), quarantined["reason"]
     assert visible_data_files(lake) == ["p=1/good.parquet"]
+
+
+def test_options_that_contradict_each_other_are_named_with_a_hint_about_options(lake):
+    result = runner.invoke(app, ["compact", str(lake), "--small-file-size", "1GiB", "--target-file-size", "1MiB"])
+    assert result.exit_code != 0 and "small_file_size must not exceed target_file_size" in result.output
+    assert "''" not in result.output and "--help lists every option" in result.output
