@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
-from urllib.parse import urlparse
+from urllib.parse import unquote, urlparse
 
 import pyarrow.fs as pafs
 
@@ -163,7 +163,7 @@ def boto3_client(service: str, s3_settings=None):
 
 
 def resolve(uri: str | os.PathLike[str]) -> Location:
-    """The Location of `uri`: a local path, `file:///abs/path`, or `s3://bucket/key`."""
+    """The Location of `uri`: a local path, `file:///abs/path` (percent-decoded), or `s3://bucket/key`."""
     text = os.fspath(uri)
     if text.startswith("s3://"):
         path = text[len("s3://"):].strip("/")
@@ -177,7 +177,10 @@ def resolve(uri: str | os.PathLike[str]) -> Location:
                 f"unsupported storage scheme {parsed.scheme!r} in {text!r}",
                 hint="use a local path, file:///path or s3://bucket/prefix",
             )
-        text = parsed.path
+        if parsed.netloc not in ("", "localhost"):
+            raise UsageError(f"{text!r} names host {parsed.netloc!r}; a file:// URI is a path on this machine",
+                             hint=f"write file:///path (three slashes), e.g. file:///{parsed.netloc}{parsed.path}")
+        text = unquote(parsed.path)  # RFC 8089: file URIs are percent-encoded
     return Location(pafs.LocalFileSystem(), os.path.abspath(os.path.expanduser(text)), "file")
 
 

@@ -14,6 +14,14 @@ def test_resolve_local_forms(tmp_path):
         assert location.path == str(tmp_path) and not location.is_s3
 
 
+def test_resolve_decodes_file_uris_and_refuses_a_host(tmp_path):
+    odd = tmp_path / "a b%"
+    assert storage.resolve("file://" + str(tmp_path) + "/a%20b%25").path == str(odd)
+    assert storage.resolve("file://localhost" + str(tmp_path)).path == str(tmp_path)
+    with pytest.raises(UsageError, match="three slashes"):
+        storage.resolve("file://tmp/lake")
+
+
 def test_resolve_rejects_unknown_scheme():
     with pytest.raises(UsageError, match="unsupported storage scheme"):
         storage.resolve("gs://bucket/x")
