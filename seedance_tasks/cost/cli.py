@@ -67,6 +67,9 @@ def recover(
             f"{summary['tag_conflicts']['count']:,} tag conflicts, {len(summary['idle'])} idle resources, "
             f"{len(summary['over_budget'])} over budget; actions: {res['rules']['actions']['mode']}"
         )
+        if summary["rejected_truncated"]:
+            console.print(f"rejected rows: the first {len(summary['rejected']):,} of {summary['rejected_count']:,} "
+                          "are listed in summary.json")
         console.print(f"outputs: {res['report']['out']}")
 
     emit(result, as_json, render)

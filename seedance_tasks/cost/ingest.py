@@ -26,7 +26,7 @@ import pyarrow.parquet as pq
 
 from seedance_tasks import storage
 from seedance_tasks.cost.money import LIMIT, MAX_DIGITS, MONEY, decimals_as_money, float_amount, parse_amount
-from seedance_tasks.errors import InputError, UsageError
+from seedance_tasks.errors import InputError
 
 TS = pa.timestamp("us", tz="UTC")
 DICT = pa.dictionary(pa.int32(), pa.string())
@@ -72,6 +72,8 @@ _FIRST = pa.scalar(datetime(1, 1, 1, tzinfo=UTC), TS)
 _LAST = pa.scalar(datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=UTC), TS)
 
 Rejected = list[dict[str, Any]]
+MAX_REJECTED = 1000
+"""The most rejected rows a report lists (with `rejected_truncated` when there were more); all are counted."""
 
 
 def carried_name(column: str) -> str:
@@ -596,13 +598,12 @@ def read_cur(uri: str, *, batch_rows: int = 500_000, carry: list[str] | tuple[st
 
 
 def month_bounds(month: str) -> tuple[datetime, datetime]:
-    """[first instant, first instant of the next month) of `YYYY-MM`, UTC."""
-    try:
-        start = datetime.strptime(month, "%Y-%m").replace(tzinfo=UTC)
-    except ValueError:
-        raise UsageError(f"not a month: {month!r}", hint="write YYYY-MM, e.g. 2024-09") from None
-    end = start.replace(year=start.year + 1, month=1) if start.month == 12 else start.replace(month=start.month + 1)
-    return start, end
+    """[first instant, first instant of the next month) of exactly `YYYY-MM`, UTC; UsageError otherwise."""
+    from seedance_tasks.cost.workdays import month_close, parse_month
+
+    year, number = parse_month(month)
+    end = month_close(month)
+    return datetime(year, number, 1, tzinfo=UTC), datetime(end.year, end.month, end.day, tzinfo=UTC)
 
 
 def cost_explorer_pages(

@@ -42,7 +42,7 @@ from seedance_tasks.cost.allocate import (
     in_month,
     shared_splits,
 )
-from seedance_tasks.cost.ingest import carried_columns, lines_schema, month_bounds
+from seedance_tasks.cost.ingest import MAX_REJECTED, carried_columns, lines_schema, month_bounds
 from seedance_tasks.cost.money import exact, fmt
 from seedance_tasks.cost.owners import load_owners
 from seedance_tasks.errors import InputError, IntegrityError, SeedanceError, UsageError
@@ -60,7 +60,6 @@ def lease_name(month: str) -> str:
     """The month's lease: `OUT/_seedance/leases/month-YYYY-MM.json`."""
     return f"month-{month}"
 
-MAX_REJECTED = 1000
 FORMATS = ("focus", "cur", "ce")
 
 
@@ -420,6 +419,7 @@ def statements_stage(data: dict[str, Any]) -> dict[str, Any]:
         },
         "rejected": ingest["rejected"],
         "rejected_count": ingest["rejected_count"],
+        "rejected_truncated": ingest["rejected_count"] > len(ingest["rejected"]),
         "rows_read": ingest["rows_read"],
         "lines": ingest["rows_in_month"],
         "allocated_lines": totals_json["lines"],

@@ -8,6 +8,7 @@ are the days that are neither weekend days nor holidays. With a `day_length` sho
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -62,14 +63,23 @@ class WorkCalendar:
         return count
 
 
+MONTH_RE = re.compile(r"\d{4}-(0[1-9]|1[0-2])")
+LAST_MONTH = "9998-12"
+"""The last month Seedance takes: a later one's deadlines and bounds would pass year 9999."""
+
+
+def parse_month(month: str) -> tuple[int, int]:
+    """(year, month number) of exactly `YYYY-MM` in 0001-01..9998-12; UsageError otherwise (`2024-9` too)."""
+    if not isinstance(month, str) or not MONTH_RE.fullmatch(month):
+        raise UsageError(f"not a month (YYYY-MM): {month!r}", hint="write YYYY-MM, e.g. 2024-09")
+    if not "0001-01" <= month <= LAST_MONTH:
+        raise UsageError(f"month {month} is out of range", hint=f"a month from 0001-01 to {LAST_MONTH}")
+    return int(month[:4]), int(month[5:])
+
+
 def month_close(month: str) -> date:
     """The day a month closes on: the 1st of the next month (`2024-08` -> 2024-09-01)."""
-    try:
-        year, number = int(month[:4]), int(month[5:7])
-        if len(month) != 7 or month[4] != "-" or not 1 <= number <= 12:
-            raise ValueError
-    except ValueError:
-        raise UsageError(f"month {month!r} is not YYYY-MM", hint="write the month as 2024-08") from None
+    year, number = parse_month(month)
     return date(year + number // 12, number % 12 + 1, 1)
 
 

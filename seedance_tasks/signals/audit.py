@@ -92,9 +92,14 @@ def merge(day: date, results: list[dict[str, Any]], previous: dict[str, Any] | N
 
 def run_audit(day: date, inputs: Inputs, out: str | None = None) -> dict[str, Any]:
     """Evaluate every rule for `day`, merge with the previous night under `out`, write the outputs
-    there (when `out` is given) and return the night's document."""
+    there (when `out` is given) and return the night's document; `billing` and `warnings` in it say
+    which billing rows the rules could not use."""
     root = storage.resolve(out) if out else None
     night = merge(day, [evaluate_rule(rule_id, day, inputs) for rule_id in RULES], previous_night(root, day))
+    problems = inputs.billing_problems
+    night["warnings"] = problems.warnings() if problems else []
+    if problems:
+        night["billing"] = problems.to_json()
     if root is not None:
         night["outputs"] = write_night(root, night)
     return night

@@ -10,7 +10,7 @@ from decimal import Decimal
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from seedance_tasks.signals.model import Finding, dollars, require_metrics, severity_for
+from seedance_tasks.signals.model import Finding, Skipped, dollars, require_metrics, severity_for
 from seedance_tasks.signals.sources import daily, in_days, increase
 
 HUNDRED = Decimal(100)
@@ -25,6 +25,14 @@ def _currencies(billing: pa.Table):
         return
     for currency in currencies:
         yield currency, billing.filter(pc.equal(billing["currency"], currency))
+
+
+def _lines_in(inputs, start: date, end: date) -> pa.Table:
+    """The billing lines; Skipped when none is dated in [start, end), the window a rule looks at."""
+    billing = inputs.billing
+    if not in_days(billing, start, end, ["cost"]).num_rows:
+        raise Skipped(f"no billing lines in the window {start}..{end - timedelta(days=1)}")
+    return billing
 
 
 def _of_kind(table: pa.Table, kind: str) -> pa.Table:
@@ -54,7 +62,7 @@ class EgressJump:
         end, mid = day + timedelta(days=1), day + timedelta(days=1 - WINDOW)
         start = mid - timedelta(days=WINDOW)
         findings = []
-        for currency, lines in _currencies(inputs.billing):
+        for currency, lines in _currencies(_lines_in(inputs, start, end)):
             egress, requests = _of_kind(lines, "egress"), _of_kind(lines, "requests")
             requests_now, requests_before = _total(requests, mid, end, "quantity"), _total(requests, start, mid, "quantity")
             moved = _change(requests_now, requests_before) if requests_before else Decimal(0)
@@ -88,8 +96,9 @@ class IdleProvisionedIops:
 
     def evaluate(self, day: date, inputs) -> list[Finding]:
         settings = inputs.settings
-        require_metrics(inputs, self.metrics)
         end, start = day + timedelta(days=1), day + timedelta(days=1 - WINDOW)
+        billing = _lines_in(inputs, start, end)
+        require_metrics(inputs, self.metrics)
         measured: dict[str, float] = {}
         for name in self.metrics:
             for series in inputs.metric_series(name, day):
@@ -98,7 +107,7 @@ class IdleProvisionedIops:
                     span = series.ts[-1] - series.ts[0]
                     measured[volume] = measured.get(volume, 0.0) + increase(series) / span
         findings = []
-        for currency, lines in _currencies(inputs.billing):
+        for currency, lines in _currencies(billing):
             piops = _of_kind(lines, "piops")
             costs = daily(piops, ["resource"], start, end)
             quantities = daily(piops, ["resource"], start, end, "quantity")
@@ -134,6 +143,8 @@ class IdleVcpuSpend:
 
     def evaluate(self, day: date, inputs) -> list[Finding]:
         settings = inputs.settings
+        end, mid = day + timedelta(days=1), day - timedelta(days=6)
+        billing = _lines_in(inputs, mid - timedelta(days=7), end)
         require_metrics(inputs, self.metrics)
         usage: dict[str, dict] = {}
         for series in inputs.metric_series("node_cpu_seconds_total", day):
@@ -147,9 +158,8 @@ class IdleVcpuSpend:
             entry["type"] = entry["type"] or series.labels.get("instance_type")
             if series.labels.get("mode") == "idle":
                 entry["idle"] += seconds
-        end, mid = day + timedelta(days=1), day - timedelta(days=6)
         findings = []
-        for currency, lines in _currencies(inputs.billing):
+        for currency, lines in _currencies(billing):
             for (resource,), days in sorted(daily(_of_kind(lines, "compute"), ["resource"], mid - timedelta(days=7),
                                                   end).items(), key=str):
                 entry = usage.get(resource)
@@ -207,7 +217,7 @@ class CostSurge:
         settings = inputs.settings
         start, end = day - timedelta(days=WINDOW), day + timedelta(days=1)
         findings = []
-        for currency, lines in _currencies(inputs.billing):
+        for currency, lines in _currencies(_lines_in(inputs, start, end)):
             for dimension in ("service", "owner"):
                 costs = daily(lines, [dimension], start, end)
                 quantities = daily(lines, [dimension], start, end, "quantity")
@@ -248,7 +258,7 @@ class UnallocatedShare:
         settings = inputs.settings
         start, end = day.replace(day=1), day + timedelta(days=1)
         findings = []
-        for currency, lines in _currencies(inputs.billing):
+        for currency, lines in _currencies(_lines_in(inputs, start, end)):
             window = in_days(lines, start, end, ["cost", "owner"])
             total = _total(window, start, end)
             unowned = _total(window.filter(pc.is_null(window["owner"])), start, end)

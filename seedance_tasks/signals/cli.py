@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from seedance_tasks.cli_support import JSON_OPTION, console, emit, handle_errors, table
+from seedance_tasks.cli_support import JSON_OPTION, console, emit, err_console, handle_errors, table
 
 app = typer.Typer(help="Cost signals: the nightly early-warning audit, each signal wired to its fix.",
                   no_args_is_help=True)
@@ -37,7 +37,13 @@ def run(
     from seedance_tasks.signals.sources import parse_day
 
     settings = load_settings().signals
-    night = run_audit(parse_day(day), inputs_for(settings, billing, lake, checkpoints, metrics), out or settings.root)
+    root = out or settings.root
+    night = run_audit(parse_day(day), inputs_for(settings, billing, lake, checkpoints, metrics),
+                      None if root and root.lower() == "none" else root)
+    from rich.markup import escape
+
+    for warning in night["warnings"]:  # on stderr, so --json output stays one document
+        err_console.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False, soft_wrap=True)
 
     def render(doc: dict) -> None:
         rows = [[s["id"], "skipped" if "skipped" in s else ("FIRED" if s["fired"] else "silent"),

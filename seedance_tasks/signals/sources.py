@@ -82,7 +82,8 @@ def _owners(tags: pa.Array, keys: list[str]) -> pa.Array:
 
 
 def _focus_lines(uri: str, basis: str, batch_rows: int, default_currency: str | None):
-    """(source, normalised batch, the EXTRA_COLUMNS of its kept rows) for every batch of FOCUS lines at `uri`.
+    """(source, normalised batch, the EXTRA_COLUMNS of its kept rows, its rejected rows) for every
+    batch of FOCUS lines at `uri`.
 
     The one place the signals reach into the cost pipeline's private readers (`ingest._csv_batches`,
     `ingest._parquet_batches`) and `ingest.normalise`: the public `ingest.read_focus` drops the
@@ -99,35 +100,87 @@ def _focus_lines(uri: str, basis: str, batch_rows: int, default_currency: str | 
         first = 1
         try:
             for columns in raw(location.fs, path, source, batch_rows, wanted):
-                batch, _ = ingest.normalise(columns, first, source, default_currency=default_currency, costs=(basis,))
+                batch, rejected = ingest.normalise(columns, first, source, default_currency=default_currency,
+                                                   costs=(basis,))
                 keep = pc.subtract(batch.column("x_Row"), first)
                 first += len(next(iter(columns.values())))
                 extras = {name: columns[name].take(keep) if name in columns else pa.nulls(len(keep), pa.string())
                           for name in EXTRA_COLUMNS}
-                yield source, batch, extras
+                yield source, batch, extras, rejected
         except (pa.ArrowInvalid, OSError) as exc:
             raise ingest.unreadable_billing(source, exc) from None
 
 
+@dataclass
+class BillingProblems:
+    """What the audit could not use of the billing lines, as `{"file", "row", "column", "reason"}`
+    samples (the first `ingest.MAX_REJECTED` of each) and counts: rows rejected (left out of every
+    rule) and rows whose ConsumedQuantity is not a number (kept, their quantity unknown)."""
+
+    rejected: list[dict[str, Any]] = field(default_factory=list)
+    rejected_count: int = 0
+    quantity_unknown: list[dict[str, Any]] = field(default_factory=list)
+    quantity_unknown_count: int = 0
+
+    def add(self, kind: str, items: list[dict[str, Any]]) -> None:
+        from seedance_tasks.cost.ingest import MAX_REJECTED
+
+        sample = getattr(self, kind)
+        sample.extend({key: item[key] for key in ("file", "row", "column", "reason")}
+                      for item in items[: max(0, MAX_REJECTED - len(sample))])
+        setattr(self, f"{kind}_count", getattr(self, f"{kind}_count") + len(items))
+
+    def to_json(self) -> dict[str, Any]:
+        """The problems, each sample with `*_truncated` saying whether it lists fewer rows than counted."""
+        return {"rejected_count": self.rejected_count, "rejected": self.rejected,
+                "rejected_truncated": self.rejected_count > len(self.rejected),
+                "quantity_unknown_count": self.quantity_unknown_count, "quantity_unknown": self.quantity_unknown,
+                "quantity_unknown_truncated": self.quantity_unknown_count > len(self.quantity_unknown)}
+
+    def warnings(self) -> list[str]:
+        """One line per kind of problem: the count and the first rows (file:row: reason)."""
+        out = []
+        for kind, what in (("rejected", "billing row(s) rejected, left out of the audit"),
+                           ("quantity_unknown", "billing row(s) with a ConsumedQuantity that is not a number, "
+                            "their usage taken as unknown")):
+            count, sample = getattr(self, f"{kind}_count"), getattr(self, kind)
+            if count:
+                shown = "; ".join(f"{item['file']}:{item['row']}: {item['reason']}" for item in sample[:3])
+                more = f" (and {count - 3:,} more, see --json)" if count > 3 else ""
+                out.append(f"{count:,} {what}: {shown}{more}")
+        return out
+
+
+def _quantities(values: pa.Array, batch: pa.RecordBatch, source: str) -> tuple[pa.Array, list[dict[str, Any]]]:
+    """ConsumedQuantity as float64 (thousands separators dropped, unknown as 0), and the rows
+    whose value is not a number."""
+    from seedance_tasks.cost import ingest
+
+    text = pc.replace_substring(pc.cast(ingest._text(values), pa.string()), ",", "")
+    quantity, bad = ingest._carried(text, "ConsumedQuantity")
+    rows = batch.column("x_Row")
+    problems = [{"file": source, "row": rows[index].as_py(), "column": "ConsumedQuantity",
+                 "reason": f"ConsumedQuantity is not a number: {values[index].as_py()!r}"} for index in sorted(bad)]
+    return pc.fill_null(quantity, 0.0), problems
+
+
 def load_billing(uri: str, settings, *, basis: str = "EffectiveCost", batch_rows: int = 500_000,
-                 default_currency: str | None = None) -> pa.Table:
+                 default_currency: str | None = None) -> tuple[pa.Table, BillingProblems]:
     """The billing lines at `uri` as one table: day, currency, cost (decimal), quantity, kind,
-    service, owner, resource. Lines the cost pipeline rejects are left out (its `seedance cost
-    recover` reports them); InputError if the source has no valid line at all."""
+    service, owner, resource; and the problems found (rows the cost pipeline rejects are left
+    out, named there). InputError if the source has no valid line at all."""
     parts = []
-    for source, batch, extra in _focus_lines(uri, basis, batch_rows, default_currency):
+    problems = BillingProblems()
+    for source, batch, extra, rejected in _focus_lines(uri, basis, batch_rows, default_currency):
+        problems.add("rejected", rejected)
         text = pc.coalesce(extra["ChargeDescription"], extra["x_UsageType"], extra["SkuId"], pa.scalar(""))
-        try:
-            quantity = pc.cast(pc.replace_substring(pc.cast(extra["ConsumedQuantity"], pa.string()), ",", ""),
-                               pa.float64(), safe=False)
-        except pa.ArrowInvalid as exc:
-            raise InputError(f"{source}: ConsumedQuantity is not a number ({exc})",
-                             hint="ConsumedQuantity holds decimal numbers (or is empty)") from None
+        quantity, unknown = _quantities(extra["ConsumedQuantity"], batch, source)
+        problems.add("quantity_unknown", unknown)
         parts.append(pa.table({
             "day": pc.cast(batch.column("ChargePeriodStart"), pa.date32()),
             "currency": pc.cast(batch.column("BillingCurrency"), pa.string()),
             "cost": batch.column(basis),
-            "quantity": pc.fill_null(quantity, 0.0),
+            "quantity": quantity,
             "kind": _kinds(text, settings),
             "service": pc.cast(batch.column("ServiceName"), pa.string()),
             "owner": _owners(batch.column("Tags"), settings.owner_tags),
@@ -135,7 +188,7 @@ def load_billing(uri: str, settings, *, basis: str = "EffectiveCost", batch_rows
         }))
     if not parts or not sum(part.num_rows for part in parts):
         raise InputError(f"no valid billing line at {uri}", hint="run `seedance cost recover` to see why lines are rejected")
-    return pa.concat_tables(parts)
+    return pa.concat_tables(parts), problems
 
 
 def in_days(table: pa.Table, start: date, end: date, columns: list[str] | None = None) -> pa.Table:
@@ -377,12 +430,15 @@ class Inputs:
     metrics_uri: str | None = None
     logs: list[str] = field(default_factory=list)
     basis: str = "EffectiveCost"
+    billing_problems: BillingProblems | None = field(default=None, init=False)
+    """What the billing lines had wrong, once they are read."""
 
     @cached_property
     def billing(self) -> pa.Table:
         if not self.billing_uri:
             raise Skipped("no billing source (--billing or signals.billing_uri)")
-        return load_billing(self.billing_uri, self.settings, basis=self.basis)
+        table, self.billing_problems = load_billing(self.billing_uri, self.settings, basis=self.basis)
+        return table
 
     @cached_property
     def metrics(self):
@@ -421,9 +477,16 @@ class Inputs:
                 yield location.uri_of(path), storage.read_bytes(location.fs, path).decode("utf-8", errors="replace")
 
 
+FIRST_DAY, LAST_DAY = date(2, 1, 1), date(9998, 12, 31)
+"""The nights the audit takes: its windows reach weeks before and a day after the night."""
+
+
 def parse_day(text: str) -> date:
-    """A YYYY-MM-DD date, or UsageError."""
+    """A YYYY-MM-DD date between FIRST_DAY and LAST_DAY, or UsageError."""
     try:
-        return date.fromisoformat(text)
+        day = date.fromisoformat(text)
     except (TypeError, ValueError):
         raise UsageError(f"--date {text!r} is not a date", hint="write it as YYYY-MM-DD") from None
+    if not FIRST_DAY <= day <= LAST_DAY:
+        raise UsageError(f"--date {text} is out of range", hint=f"a night from {FIRST_DAY} to {LAST_DAY}")
+    return day

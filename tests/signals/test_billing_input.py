@@ -1,0 +1,64 @@
+"""Billing input the audit cannot fully use: rejected rows and unusable quantities are reported
+(count, file, row, reason), never silently dropped; the other rows and rules go on."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from seedance_tasks.cli import app
+
+HEADER = "ChargePeriodStart,BillingCurrency,BilledCost,EffectiveCost,ServiceName,ConsumedQuantity,Tags\n"
+
+
+def _run(tmp_path, body: str, day: str = "2024-09-30", *extra):
+    billing = tmp_path / "billing.csv"
+    billing.write_text(HEADER + body)
+    result = CliRunner().invoke(app, ["signals", "run", "--date", day, "--billing", str(billing), "--out", "none",
+                                      *extra])
+    assert "Traceback" not in result.output and "unexpected" not in result.output, result.output
+    return result
+
+
+def test_rejected_billing_rows_are_reported_in_the_json_and_as_a_warning(tmp_path):
+    body = ('2024-09-29,USD,10,10,EC2,,"{""owner"":""a""}"\n'
+            '2024-09-30,USD,"1,000.00","1,000.00",EC2,,\n')
+    result = _run(tmp_path, body, "2024-09-30", "--json")
+    assert result.exit_code == 0, result.output
+    billing = json.loads(result.stdout)["billing"]
+    assert billing["rejected_count"] == 1 and billing["rejected_truncated"] is False
+    assert billing["rejected"] == [{"file": "billing.csv", "row": 2, "column": "EffectiveCost",
+                                    "reason": "malformed EffectiveCost: not a number: '1,000.00'"}]
+    assert "warning: 1 billing row(s) rejected" in result.stderr and "billing.csv:2" in result.stderr
+    assert not (tmp_path / "none").exists() and not Path("none").exists()
+
+
+def test_a_non_numeric_consumed_quantity_is_named_and_the_audit_goes_on(tmp_path):
+    body = "2024-09-29,USD,10,10,EC2,n/a,\n2024-09-30,USD,1,1,EC2,\"1,000\",\n"
+    result = _run(tmp_path, body, "2024-09-30", "--json")
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["billing"]["quantity_unknown"] == [{"file": "billing.csv", "row": 1, "column": "ConsumedQuantity",
+                                                   "reason": "ConsumedQuantity is not a number: 'n/a'"}]
+    share = next(s for s in doc["signals"] if s["id"] == "unallocated-share")
+    assert share["fired"] and "skipped" not in share  # both lines are unowned: the rule ran on them
+    assert "billing.csv:1" in result.stderr
+
+
+def test_billing_rules_say_skipped_when_no_line_is_in_their_window(tmp_path):
+    result = _run(tmp_path, "2024-09-29,USD,10,10,EC2,,\n", "2023-09-30", "--json")
+    assert result.exit_code == 0, result.output
+    billing_rules = [s for s in json.loads(result.stdout)["signals"] if s["id"] in
+                     ("egress-jump", "cost-surge", "unallocated-share")]
+    assert [s["skipped"] for s in billing_rules] == ["no billing lines in the window 2023-08-06..2023-09-30",
+                                                     "no billing lines in the window 2023-09-02..2023-09-30",
+                                                     "no billing lines in the window 2023-09-01..2023-09-30"]
+
+
+@pytest.mark.parametrize("day", ["9999-12-31", "0001-01-01"])
+def test_a_night_out_of_range_is_a_usage_error(tmp_path, day):
+    result = _run(tmp_path, "2024-09-29,USD,10,10,EC2,,\n", day)
+    assert result.exit_code == 2 and f"--date {day} is out of range" in result.output and "hint:" in result.output
