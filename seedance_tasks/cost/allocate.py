@@ -235,6 +235,7 @@ class Attributor:
         self._tags: dict[str, _TagInfo] = {}
         self._keep_tags = any(rule.match.tag for rule in [*owners.rules, *owners.shared])
         self.malformed_tags: list[int] = []
+        self.malformed_tags_count = 0
         self._lock = threading.Lock()
         self.owner_codes, self.source_codes, self.conflict_codes = _Codes(), _Codes(), _Codes()
         self.rule_codes = [(rule, self.owner_codes.code(rule.owner), self.source_codes.code(f"rule:{rule.id}"))
@@ -320,6 +321,7 @@ class Attributor:
             rows = batch.column("x_Row").filter(pa.array(bad)).to_pylist()
             with self._lock:
                 self.malformed_tags.extend(rows[: max(0, 1000 - len(self.malformed_tags))])
+                self.malformed_tags_count += len(rows)
         owner = _codes(info.owner for info in infos)[index]
         source = _codes(info.source for info in infos)[index] if sources else None
         conflict_per_value = _codes(info.conflict for info in infos)

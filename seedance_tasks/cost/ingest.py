@@ -478,19 +478,55 @@ def _csv_batches(fs, path: str, source: str, batch_rows: int, columns: list[str]
         stream.close()
 
 
+def _is_text(kind: pa.DataType) -> bool:
+    return pa.types.is_string(kind) or pa.types.is_large_string(kind)
+
+
+def _tags_as_json(values: pa.Array) -> pa.Array:
+    """A map<string, string> or struct Tags column as JSON-object text, what FOCUS CSV holds (null stays null)."""
+    def text(row):
+        if row is None:
+            return None
+        return json.dumps(dict(row) if isinstance(row, list) else row, sort_keys=True)
+
+    return pa.array([text(row) for row in values.to_pylist()], pa.string())
+
+
+def _tags_reader(source: str, schema: pa.Schema) -> Any:
+    """How to read a Parquet file's Tags column: None as text, `_tags_as_json` for a map or struct;
+    InputError naming the file, column and type for any other type."""
+    if "Tags" not in schema.names:
+        return None
+    kind = schema.field("Tags").type
+    if pa.types.is_dictionary(kind):
+        kind = kind.value_type
+    if _is_text(kind):
+        return None
+    if pa.types.is_map(kind) or pa.types.is_struct(kind):
+        return _tags_as_json
+    raise InputError(f"{source}: column 'Tags' has type {kind}, which Seedance cannot read as tags",
+                     hint="Tags holds a JSON object as text, a map<string, string> or a struct of strings")
+
+
 def _parquet_batches(fs, path: str, source: str, batch_rows: int, columns: list[str]) -> Iterator[dict[str, pa.Array]]:
     handle = fs.open_input_file(path)
     try:
-        names = pq.ParquetFile(handle).schema_arrow.names
-        wanted = _wanted(source, names, columns)
+        schema = pq.ParquetFile(handle).schema_arrow
+        wanted = _wanted(source, schema.names, columns)
         if not wanted:
             return
-        dictionary = [name for name in ("BillingCurrency", *DICT_COLUMNS) if name in wanted]
+        tags = _tags_reader(source, schema) if "Tags" in wanted else None
+        # Parquet dictionary pages are read as they are, for text columns (a map or number cannot be)
+        dictionary = [name for name in ("BillingCurrency", *DICT_COLUMNS)
+                      if name in wanted and _is_text(schema.field(name).type)]
         # no pre_buffer: it would hold every row group's compressed chunks at once (memory growing
         # with the file: +390 MB at 50M lines); read one column chunk at a time, it is faster too
         parquet = pq.ParquetFile(handle, read_dictionary=dictionary, pre_buffer=False)
         for batch in parquet.iter_batches(batch_size=batch_rows, columns=wanted, use_threads=True):
-            yield {name: batch.column(name) for name in wanted}
+            read = {name: batch.column(name) for name in wanted}
+            if tags is not None:
+                read["Tags"] = tags(read["Tags"])
+            yield read
     except pa.ArrowInvalid as exc:  # not Parquet, truncated, a damaged page
         raise unreadable_billing(source, exc) from None
     finally:

@@ -198,7 +198,8 @@ def load_owners(uri: str) -> OwnersFile:
 def parse_tags(text: str | None) -> dict[str, str] | None:
     """Tags of a billing line: a JSON object (FOCUS), or one without braces (Azure EA); None if absent.
 
-    Raises ValueError for text that is neither.
+    Values are strings, null (as "") or numbers (as their JSON text). Raises ValueError for text
+    that is not such an object.
     """
     if text is None or not text.strip():
         return None
@@ -209,7 +210,19 @@ def parse_tags(text: str | None) -> dict[str, str] | None:
         raise ValueError(f"tags are not a JSON object: {text[:80]!r}") from None
     if not isinstance(value, dict):
         raise ValueError(f"tags are not a JSON object: {text[:80]!r}")
-    return {str(key): "" if item is None else str(item) for key, item in value.items()}
+    return {str(key): _tag_value(key, item, text) for key, item in value.items()}
+
+
+def _tag_value(key: str, item, text: str) -> str:
+    """A tag's value as text: a string as it is, null as "", a number as its JSON text; an object,
+    a list or true/false is no tag value (ValueError: the line's tags are malformed)."""
+    if item is None:
+        return ""
+    if isinstance(item, str):
+        return item
+    if isinstance(item, int | float) and not isinstance(item, bool):
+        return json.dumps(item)
+    raise ValueError(f"tag {key!r} has a {type(item).__name__} value, not a string: {text[:80]!r}")
 
 
 def tag_owner(tags: dict[str, str] | None, keys: list[str]) -> tuple[str | None, str | None, str | None]:

@@ -272,6 +272,7 @@ def allocate_stage(data: dict[str, Any]) -> dict[str, Any]:
     result["warnings"] = warnings
     result["shared"] = {rule_id: split.details for rule_id, split in sorted(splits.items())}
     result["malformed_tags"] = attributor.malformed_tags[:100]
+    result["malformed_tags_count"] = attributor.malformed_tags_count
     storage.write_json_atomic(root.fs, job.work_path("totals.json"), result)
     currencies = totals.currencies()
     return {"lines": totals.lines, "currencies": sorted(currencies), "tag_conflicts": totals.conflicts,
@@ -426,7 +427,8 @@ def statements_stage(data: dict[str, Any]) -> dict[str, Any]:
         "tag_conflicts": {"count": totals_json["conflicts"], "sample": totals_json["conflict_sample"]},
         "malformed_tags_rows": totals_json["malformed_tags"],
         "shared": totals_json["shared"],
-        "warnings": _empty_month_warning(job, ingest) + totals_json["warnings"],
+        "warnings": _empty_month_warning(job, ingest) + _malformed_tags_warning(job, totals_json)
+        + totals_json["warnings"],
         "estimated": totals_json["estimated"] or bool(ingest.get("cost_explorer", {}).get("estimated")),
         "by_service": _by_service(totals_json),
         "idle": findings["idle"],
@@ -447,6 +449,16 @@ def _empty_month_warning(job: Job, ingest: dict[str, Any]) -> list[str]:
     rejected = f", {ingest['rejected_count']:,} of them rejected" if ingest["rejected_count"] else ""
     return [f"{EMPTY_MONTH} {job.month}: {ingest['rows_read']:,} rows read from {job.billing}{rejected}, "
             f"none valid and dated in the month"]
+
+
+def _malformed_tags_warning(job: Job, totals_json: dict[str, Any]) -> list[str]:
+    """A warning naming the first lines whose Tags are malformed (they are attributed as if untagged)."""
+    count = totals_json.get("malformed_tags_count", 0)
+    if not count:
+        return []
+    rows = ", ".join(str(row) for row in totals_json["malformed_tags"][:10])
+    return [f"{count:,} lines of {job.billing} have malformed Tags (not a JSON object of strings), attributed as "
+            f"untagged: data rows {rows}{' ...' if count > 10 else ''} (malformed_tags_rows in summary.json)"]
 
 
 def check_stage(data: dict[str, Any]) -> dict[str, Any]:

@@ -66,16 +66,18 @@ def _kinds(descriptions: pa.Array, settings) -> pa.Array:
 
 def _owners(tags: pa.Array, keys: list[str]) -> pa.Array:
     from seedance_tasks.cost.ingest import as_dict, per_value
-    from seedance_tasks.cost.owners import tag_owner
+    from seedance_tasks.cost.owners import norm_key, parse_tags, tag_owner
+
+    wanted = [norm_key(key) for key in keys]
 
     def owner_of(values: pa.Array) -> pa.Array:
         out = []
         for text in values.to_pylist():
             try:
-                parsed = json.loads(text) if text else None
-            except ValueError:
+                parsed = parse_tags(text)
+            except ValueError:  # malformed tags name no owner (`seedance cost recover` lists the rows)
                 parsed = None
-            out.append(tag_owner(parsed, keys)[0] if isinstance(parsed, dict) else None)
+            out.append(tag_owner(parsed, wanted)[0])
         return pa.array(out, pa.string())
 
     return per_value(as_dict(tags), owner_of)

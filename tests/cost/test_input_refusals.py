@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
@@ -54,3 +56,51 @@ def test_a_rejected_list_cut_at_its_limit_says_so(tmp_path):
     few = _recover(tmp_path, write_focus(tmp_path / "c.csv", rows[-2:]))
     assert few.exit_code == 0
     assert json.loads((tmp_path / "out" / "month=2024-09" / "summary.json").read_text())["rejected_truncated"] is False
+
+
+def _tags_parquet(tmp_path, tags: pa.Array):
+    path = tmp_path / "focus.parquet"
+    pq.write_table(pa.table({"ChargePeriodStart": ["2024-09-01", "2024-09-02", "2024-09-03"],
+                             "BillingCurrency": ["USD"] * 3, "BilledCost": ["1", "2", "4"],
+                             "EffectiveCost": ["1", "2", "4"], "Tags": tags}), path)
+    return path
+
+
+@pytest.mark.parametrize("tags", [
+    pa.array([[("owner", "a")], [("Team", "b"), ("x", "y")], None], pa.map_(pa.string(), pa.string())),
+    pa.array([{"owner": "a", "team": None}, {"owner": None, "team": "b"}, None],
+             pa.struct([("owner", pa.string()), ("team", pa.string())])),
+])
+def test_map_and_struct_tags_in_parquet_are_read_like_json_tags(tmp_path, tags):
+    billing = _tags_parquet(tmp_path, tags)
+    owners = write_owners(tmp_path / "owners.yaml")
+    result = _recover(tmp_path, billing, "--json", owners=owners)
+    assert result.exit_code == 0, result.output
+    usd = json.loads(result.stdout)["summary"]["currencies"]["USD"]
+    assert usd["by_owner"] == {"a": "1", "b": "2"} and usd["unallocated"] == "4"
+    audit = CliRunner().invoke(app, ["signals", "run", "--date", "2024-09-03", "--billing", str(billing),
+                                     "--out", "none", "--json"])
+    assert audit.exit_code == 0, audit.output
+
+
+def test_tags_of_another_parquet_type_are_refused_naming_file_column_and_type(tmp_path):
+    billing = _tags_parquet(tmp_path, pa.array([1, 2, 3], pa.int64()))
+    result = _recover(tmp_path, billing)
+    _refused(result, "focus.parquet: column 'Tags' has type int64")
+    assert result.exit_code == 1
+
+
+def test_a_non_string_owner_tag_is_a_malformed_tag_not_an_owner_and_is_named(tmp_path):
+    rows = [line("2024-09-01 00:00:00", "1", tags={"owner": {"name": "a"}}),
+            line("2024-09-02 00:00:00", "2", tags={"owner": True}),
+            line("2024-09-03 00:00:00", "4", tags={"owner": ["a"]}),
+            line("2024-09-04 00:00:00", "8", tags={"owner": 42}),
+            line("2024-09-05 00:00:00", "16", tags={"owner": "b", "note": None})]
+    result = _recover(tmp_path, write_focus(tmp_path / "b.csv", rows), "--json")
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)["summary"]
+    assert summary["currencies"]["USD"]["by_owner"] == {"42": "8", "b": "16"}  # a number: its JSON text
+    assert summary["currencies"]["USD"]["unallocated"] == "7"
+    assert summary["malformed_tags_rows"] == [1, 2, 3]
+    assert "warning: 3 lines of" in result.stderr and "malformed Tags" in result.stderr
+    assert "data rows 1, 2, 3" in result.stderr
