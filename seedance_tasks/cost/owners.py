@@ -191,8 +191,20 @@ def load_owners(uri: str) -> OwnersFile:
         raise ConfigError(
             f"invalid owners file {uri}: " + "; ".join(problems), hint="see config/owners.yaml for every key"
         ) from None
+    _unique_ids(uri, "CMDB rule", owners.rules)
+    _unique_ids(uri, "shared rule", owners.shared)
     owners.base_dir = location.uri_of(posixpath.dirname(location.path))
     return owners
+
+
+def _unique_ids(uri: str, kind: str, rules: list) -> None:
+    """ConfigError naming the first id two of `rules` share (splits and sources are keyed by id)."""
+    seen: set[str] = set()
+    for rule in rules:
+        if rule.id in seen:
+            raise ConfigError(f"invalid owners file {uri}: duplicate {kind} id {rule.id!r}",
+                              hint=f"give each {kind} its own id")
+        seen.add(rule.id)
 
 
 def parse_tags(text: str | None) -> dict[str, str] | None:

@@ -104,3 +104,15 @@ def test_a_non_string_owner_tag_is_a_malformed_tag_not_an_owner_and_is_named(tmp
     assert summary["malformed_tags_rows"] == [1, 2, 3]
     assert "warning: 3 lines of" in result.stderr and "malformed Tags" in result.stderr
     assert "data rows 1, 2, 3" in result.stderr
+
+
+@pytest.mark.parametrize("section, kind, rules", [
+    ("shared", "shared rule", [{"id": "s", "match": {"service": "A"}, "method": "usage_share", "usage": f"u{n}.csv",
+                                "weights": {"bytes": "1"}} for n in (1, 2)]),
+    ("rules", "CMDB rule", [{"id": "r", "owner": f"o{n}", "match": {"service": "A"}} for n in (1, 2)]),
+])
+def test_duplicate_rule_ids_in_the_owners_file_are_refused(tmp_path, section, kind, rules):
+    owners = write_owners(tmp_path / "owners.yaml", **{section: rules})
+    result = _recover(tmp_path, write_focus(tmp_path / "b.csv", [line("2024-09-01 00:00:00", "1")]), owners=owners)
+    _refused(result, f"duplicate {kind} id '{rules[0]['id']}'")
+    assert result.exit_code == 2
