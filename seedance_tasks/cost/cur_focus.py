@@ -53,10 +53,12 @@ from seedance_tasks.cost.ingest import (
     _text,
     _timestamps,
     billing_files,
+    is_parquet,
     normalise,
     unreadable_billing,
 )
 from seedance_tasks.cost.money import CONTEXT, float_amount, parse_amount
+from seedance_tasks.errors import InputError
 
 AMORTIZED_COLUMNS = [
     "line_item_line_item_type", "line_item_unblended_cost", "savings_plan_savings_plan_effective_cost",
@@ -380,9 +382,10 @@ def read_cur(uri: str, *, batch_rows: int = 500_000, carry: list[str] | tuple[st
     `carry` (`CARRY` or a part of it) adds the other FOCUS columns to the lines (`ingest.lines_schema`).
     """
     for location, path in billing_files(uri):
-        if not path.endswith(".parquet"):
-            continue
         source = posixpath.basename(path) if location.path == path else location.relative(path)
+        if not is_parquet(path):
+            raise InputError(f"--format cur reads CUR 2.0 Parquet; {source} is not Parquet",
+                             hint="pass the CUR 2.0 Parquet export, or --format focus for a FOCUS CSV")
         handle = location.fs.open_input_file(path)
         try:
             parquet = pq.ParquetFile(handle, pre_buffer=False)  # bounded memory: no chunk kept once read

@@ -106,7 +106,7 @@ def carried_columns(uri: str, reserved: tuple[str, ...] = ()) -> list[str]:
     found: dict[str, None] = {}
     for location, path in billing_files(uri):
         source = posixpath.basename(path) if location.path == path else location.relative(path)
-        if path.endswith(".parquet"):
+        if is_parquet(path):
             names = _parquet_names(location.fs, path, source)
         else:
             names = _csv_header(location.fs, path, source)
@@ -407,16 +407,32 @@ def normalise(
 # --------------------------------------------------------------------------- FOCUS files
 
 
+BILLING_SUFFIXES = (".csv", ".csv.gz", ".parquet")
+
+
+def is_parquet(path: str) -> bool:
+    """True if `path` names a Parquet file (`.parquet`, any case)."""
+    return path.lower().endswith(".parquet")
+
+
+def _is_billing(path: str) -> bool:
+    return path.lower().endswith(BILLING_SUFFIXES)
+
+
 def billing_files(uri: str) -> list[tuple[storage.Location, str]]:
-    """The billing files at `uri`: the file itself, or every visible .csv/.parquet below a folder."""
+    """The billing files at `uri`: the file itself, or every visible .csv/.csv.gz/.parquet (any case) below a folder."""
     location = storage.resolve(uri)
-    files = [
-        info for info in storage.list_files(location)
-        if info.path.endswith((".csv", ".csv.gz", ".parquet"))
-    ]
+    files = [info for info in storage.list_files(location) if _is_billing(info.path)]
     if not files:
         raise InputError(f"no billing files (.csv, .csv.gz, .parquet) at {uri}", hint="check --billing")
     return [(location, info.path) for info in files]
+
+
+def skipped_files(uri: str) -> list[str]:
+    """The visible files at `uri` that are not billing files (by name), which the readers leave out."""
+    location = storage.resolve(uri)
+    return [location.relative(info.path) or posixpath.basename(info.path)
+            for info in storage.list_files(location) if not _is_billing(info.path)]
 
 
 def _wanted(source: str, names: list[str], columns: list[str]) -> list[str]:
@@ -429,10 +445,18 @@ def _wanted(source: str, names: list[str], columns: list[str]) -> list[str]:
     return wanted
 
 
+def _compression(path: str) -> str | None:
+    """How a CSV billing file is compressed, by its name (any case: Arrow's "detect" knows `.gz` only)."""
+    return "gzip" if path.lower().endswith(".gz") else None
+
+
 def _csv_header(fs, path: str, source: str) -> list[str]:
-    with fs.open_input_stream(path, compression="detect") as stream:
+    with fs.open_input_stream(path, compression=_compression(path)) as stream:
         head = stream.read(1 << 16).decode("utf-8-sig", errors="replace")
-    header = next(csv.reader(io.StringIO(head)), None)
+    try:
+        header = next(csv.reader(io.StringIO(head)), None)
+    except csv.Error as exc:
+        raise unreadable_billing(source, exc) from None
     if not header or not any(name.strip() for name in header):
         raise InputError(f"{source}: empty file, no header line",
                          hint="a FOCUS CSV starts with a header naming its columns: " + ", ".join(REQUIRED))
@@ -446,7 +470,7 @@ def _csv_batches(fs, path: str, source: str, batch_rows: int, columns: list[str]
     wanted = _wanted(source, header, columns)
     if not wanted:
         return
-    stream = fs.open_input_stream(path, compression="detect")
+    stream = fs.open_input_stream(path, compression=_compression(path))
     reader = pacsv.open_csv(
         stream,
         read_options=pacsv.ReadOptions(block_size=8 << 20, column_names=header, skip_rows=1, encoding="utf8"),
@@ -584,7 +608,7 @@ def focus_chunks(
     wanted = [*wanted, *(name for name in carry if name not in wanted)]
     for location, path in billing_files(uri):
         source = posixpath.basename(path) if location.path == path else location.relative(path)
-        raw = _parquet_batches if path.endswith(".parquet") else _csv_batches
+        raw = _parquet_batches if is_parquet(path) else _csv_batches
         first = 1
         try:
             for read in raw(location.fs, path, source, batch_rows, wanted):

@@ -240,7 +240,7 @@ def ingest_stage(data: dict[str, Any]) -> dict[str, Any]:
             info["rows_in_month"] += len(kept)
             if len(kept):
                 writer.write_batch(kept)
-    info.update(rejected=rejected, rejected_count=rejected_count)
+    info.update(rejected=rejected, rejected_count=rejected_count, warnings=_skipped_warning(job))
     storage.write_json_atomic(root.fs, job.work_path("ingest.json"), info)
     result = {"rows_read": info["rows_read"], "rows_in_month": info["rows_in_month"], "rejected": rejected_count}
     if "cost_explorer" in info:  # pages queried (and their price) or served from the cache
@@ -427,7 +427,8 @@ def statements_stage(data: dict[str, Any]) -> dict[str, Any]:
         "tag_conflicts": {"count": totals_json["conflicts"], "sample": totals_json["conflict_sample"]},
         "malformed_tags_rows": totals_json["malformed_tags"],
         "shared": totals_json["shared"],
-        "warnings": _empty_month_warning(job, ingest) + _malformed_tags_warning(job, totals_json)
+        "warnings": ingest.get("warnings", []) + _empty_month_warning(job, ingest)
+        + _malformed_tags_warning(job, totals_json)
         + totals_json["warnings"],
         "estimated": totals_json["estimated"] or bool(ingest.get("cost_explorer", {}).get("estimated")),
         "by_service": _by_service(totals_json),
@@ -440,6 +441,20 @@ def statements_stage(data: dict[str, Any]) -> dict[str, Any]:
             raise IntegrityError(f"{job.month} {currency}: owners + unallocated {allocated} != total {entry['total']}")
     storage.write_json_atomic(root.fs, job.work_path("out", "summary.json"), summary)
     return {"statements": len(written), "currencies": {c: e["total"] for c, e in summary["currencies"].items()}}
+
+
+def _skipped_warning(job: Job) -> list[str]:
+    """A warning naming the files in the billing folder that are not read (not .csv/.csv.gz/.parquet)."""
+    from seedance_tasks.cost.ingest import skipped_files
+
+    if job.format == "ce":
+        return []
+    skipped = skipped_files(job.billing)
+    if not skipped:
+        return []
+    shown = ", ".join(skipped[:10]) + (f" and {len(skipped) - 10:,} more" if len(skipped) > 10 else "")
+    return [f"{len(skipped):,} files in {job.billing} are not billing files (.csv, .csv.gz, .parquet) and were "
+            f"not read: {shown}"]
 
 
 def _empty_month_warning(job: Job, ingest: dict[str, Any]) -> list[str]:

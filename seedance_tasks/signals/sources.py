@@ -98,7 +98,7 @@ def _focus_lines(uri: str, basis: str, batch_rows: int, default_currency: str | 
     wanted = [*ingest.READ_COLUMNS, *EXTRA_COLUMNS]
     for location, path in ingest.billing_files(uri):
         source = posixpath.basename(path) if location.path == path else location.relative(path)
-        raw = ingest._parquet_batches if path.endswith(".parquet") else ingest._csv_batches
+        raw = ingest._parquet_batches if ingest.is_parquet(path) else ingest._csv_batches
         first = 1
         try:
             for columns in raw(location.fs, path, source, batch_rows, wanted):

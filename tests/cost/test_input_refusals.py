@@ -116,3 +116,27 @@ def test_duplicate_rule_ids_in_the_owners_file_are_refused(tmp_path, section, ki
     result = _recover(tmp_path, write_focus(tmp_path / "b.csv", [line("2024-09-01 00:00:00", "1")]), owners=owners)
     _refused(result, f"duplicate {kind} id '{rules[0]['id']}'")
     assert result.exit_code == 2
+
+
+def test_format_cur_on_a_csv_is_refused_naming_it_and_publishes_nothing(tmp_path):
+    billing = write_focus(tmp_path / "min.csv", [line("2024-09-01 00:00:00", "1")])
+    assert _recover(tmp_path, billing).exit_code == 0
+    published = (tmp_path / "out" / "month=2024-09" / "summary.json").read_bytes()
+    result = _recover(tmp_path, billing, "--format", "cur")
+    _refused(result, "--format cur reads CUR 2.0 Parquet; min.csv is not Parquet")
+    assert (tmp_path / "out" / "month=2024-09" / "summary.json").read_bytes() == published
+
+
+def test_billing_file_names_are_matched_in_any_case_and_skipped_files_are_named(tmp_path):
+    import gzip
+
+    folder = tmp_path / "billing"
+    write_focus(folder / "b.CSV", [line("2024-09-01 00:00:00", "1")])
+    plain = write_focus(tmp_path / "e.csv", [line("2024-09-02 00:00:00", "2")])
+    (folder / "e.csv.GZ").write_bytes(gzip.compress(plain.read_bytes()))
+    (folder / "notes.txt").write_text("not billing\n")
+    result = _recover(tmp_path, folder, "--json")
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)["summary"]
+    assert summary["rows_read"] == 2 and summary["currencies"]["USD"]["total"] == "3"
+    assert "1 files in" in result.stderr and "not read: notes.txt" in result.stderr
