@@ -13,7 +13,7 @@ import io
 from collections import defaultdict
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta
-from decimal import Decimal
+from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from seedance_tasks import storage
@@ -30,11 +30,61 @@ class Datapoint:
     gpu: Decimal | None
 
 
-def _number(text: str | None) -> Decimal | None:
-    text = (text or "").strip()
+UTILIZATION_HINT = ("each row: resource_id, date (YYYY-MM-DD), cpu_percent, network_in_bytes, network_out_bytes "
+                    "(numbers >= 0, or empty for a missing datapoint); optional gpu_percent, is_gpu, "
+                    "created (YYYY-MM-DD), owner")
+
+
+def _number(text: str) -> Decimal | None:
+    """A utilization value: None for an empty, NULL or NaN cell; ValueError unless a number >= 0."""
     if not text or text.upper() in ("NULL", "NAN"):
         return None
-    return Decimal(text)
+    try:
+        value = Decimal(text)
+    except InvalidOperation:
+        raise ValueError(f"not a number: {text!r}") from None
+    if not value.is_finite():
+        raise ValueError(f"not a finite number: {text!r}")
+    if value < 0:
+        raise ValueError(f"negative: {text!r}")
+    return value
+
+
+def _day(text: str) -> date:
+    try:
+        return date.fromisoformat(text)
+    except ValueError:
+        raise ValueError(f"not a YYYY-MM-DD date: {text!r}") from None
+
+
+def _required(text: str) -> str:
+    if not text:
+        raise ValueError("missing (a short row?)")
+    return text
+
+
+_UTILIZATION_CELLS = {
+    "resource_id": _required, "date": lambda text: _day(_required(text)), "cpu_percent": _number,
+    "network_in_bytes": _number, "network_out_bytes": _number, "gpu_percent": _number,
+    "created": lambda text: _day(text) if text else None,
+}
+"""How each utilization column is read; ValueError says what is wrong with a cell."""
+
+
+def _utilization_row(row: dict[str, str | None]) -> tuple[str, date, Datapoint, dict[str, str]]:
+    """(resource, day, datapoint, attributes) of one CSV row; ValueError(column, reason) for a bad cell."""
+    cells = {key: (value or "").strip() for key, value in row.items() if isinstance(key, str)}
+    values: dict[str, Any] = {}
+    for column, read in _UTILIZATION_CELLS.items():
+        try:
+            values[column] = read(cells.get(column, ""))
+        except ValueError as exc:
+            raise ValueError(column, str(exc)) from None
+    inbound, outbound = values["network_in_bytes"], values["network_out_bytes"]
+    point = Datapoint(values["cpu_percent"], None if inbound is None or outbound is None else inbound + outbound,
+                      values["gpu_percent"])
+    attrs = {key: cells[key] for key in ("is_gpu", "created", "owner") if cells.get(key)}
+    return values["resource_id"], values["date"], point, attrs
 
 
 def read_utilization(uri: str) -> tuple[dict[str, dict[date, Datapoint]], dict[str, dict[str, str]]]:
@@ -42,7 +92,8 @@ def read_utilization(uri: str) -> tuple[dict[str, dict[date, Datapoint]], dict[s
 
     Columns: resource_id, date (YYYY-MM-DD), cpu_percent, network_in_bytes, network_out_bytes,
     and optionally gpu_percent, is_gpu, created (YYYY-MM-DD), owner. An empty cell is a missing
-    datapoint, not a zero.
+    datapoint, not a zero. A malformed row (a short row, a bad date, a value that is not a number
+    >= 0) is an InputError naming the file, its data row and column.
     """
     location = storage.resolve(uri)
     try:
@@ -51,22 +102,18 @@ def read_utilization(uri: str) -> tuple[dict[str, dict[date, Datapoint]], dict[s
         raise InputError(f"utilization file not readable: {uri} ({exc})", hint="check --utilization") from None
     points: dict[str, dict[date, Datapoint]] = defaultdict(dict)
     attributes: dict[str, dict[str, str]] = {}
-    for number, row in enumerate(csv.DictReader(io.StringIO(text)), start=1):
-        try:
-            resource = row["resource_id"].strip()
-            day = date.fromisoformat(row["date"].strip())
-            inbound, outbound = _number(row.get("network_in_bytes")), _number(row.get("network_out_bytes"))
-            points[resource][day] = Datapoint(
-                _number(row.get("cpu_percent")),
-                None if inbound is None or outbound is None else inbound + outbound,
-                _number(row.get("gpu_percent")),
-            )
-        except (KeyError, ValueError, ArithmeticError) as exc:
-            raise InputError(f"utilization file {uri}, row {number}: malformed ({exc!r})") from None
-        attrs = attributes.setdefault(resource, {})
-        for key in ("is_gpu", "created", "owner"):
-            if (row.get(key) or "").strip():
-                attrs[key] = row[key].strip()
+    try:
+        for number, row in enumerate(csv.DictReader(io.StringIO(text)), start=1):
+            try:
+                resource, day, point, attrs = _utilization_row(row)
+            except ValueError as exc:
+                column, reason = exc.args
+                raise InputError(f"utilization file {uri}, row {number}, column {column}: {reason}",
+                                 hint=UTILIZATION_HINT) from None
+            points[resource][day] = point
+            attributes.setdefault(resource, {}).update(attrs)
+    except csv.Error as exc:
+        raise InputError(f"utilization file {uri}: not CSV ({exc})", hint=UTILIZATION_HINT) from None
     return dict(points), attributes
 
 

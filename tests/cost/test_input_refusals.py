@@ -140,3 +140,21 @@ def test_billing_file_names_are_matched_in_any_case_and_skipped_files_are_named(
     summary = json.loads(result.stdout)["summary"]
     assert summary["rows_read"] == 2 and summary["currencies"]["USD"]["total"] == "3"
     assert "1 files in" in result.stderr and "not read: notes.txt" in result.stderr
+
+
+@pytest.mark.parametrize("row, where", [
+    ("i-1,2024-09-01,1,0,0,2024/01/01", "row 2, column created: not a YYYY-MM-DD date: '2024/01/01'"),
+    ("i-1", "row 2, column date: missing"),
+    ("i-1,2024-09-01,sNaN,0,0,", "row 2, column cpu_percent: not a finite number: 'sNaN'"),
+    ("i-1,2024-09-01,abc,0,0,", "row 2, column cpu_percent: not a number: 'abc'"),
+    ("i-1,2024-09-01,-1,0,0,", "row 2, column cpu_percent: negative: '-1'"),
+    ("i-1,2024-09-01,1,0,-5,", "row 2, column network_out_bytes: negative: '-5'"),
+])
+def test_a_malformed_utilization_row_is_an_error_naming_file_row_and_column(tmp_path, row, where):
+    usage = tmp_path / "u.csv"
+    usage.write_text("resource_id,date,cpu_percent,network_in_bytes,network_out_bytes,created\n"
+                     f"i-0,2024-09-01,1,0,0,\n{row}\n")
+    billing = write_focus(tmp_path / "b.csv", [line("2024-09-01 00:00:00", "1")])
+    result = _recover(tmp_path, billing, "--utilization", str(usage))
+    _refused(result, f"utilization file {usage}, {where}")
+    assert result.exit_code == 1
