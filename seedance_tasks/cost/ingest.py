@@ -67,6 +67,8 @@ CARRIED_TIMES = ["BillingPeriodStart", "BillingPeriodEnd", "ChargePeriodEnd"]
 REQUIRED = ["ChargePeriodStart", "BillingCurrency", "BilledCost", "EffectiveCost"]
 READ_COLUMNS = [*REQUIRED, "ChargePeriodEnd", *TEXT_COLUMNS, "x_Estimated"]
 NULL_STRINGS = ["NULL", "null", ""]
+CURRENCY_RE = r"^[A-Z]{3}$"
+"""An ISO 4217 code, as BillingCurrency holds it."""
 _ZONE = r"([Zz]|[+-]\d\d:?\d\d)$"
 _FIRST = pa.scalar(datetime(1, 1, 1, tzinfo=UTC), TS)
 _LAST = pa.scalar(datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=UTC), TS)
@@ -348,7 +350,7 @@ def normalise(
     if not trimmed.equals(currency.dictionary):
         currency = pc.dictionary_encode(pc.utf8_trim_whitespace(currency.dictionary_decode()))
     note_nulls(currency, "BillingCurrency")
-    malformed = pc.fill_null(per_value(currency, lambda v: pc.invert(pc.match_substring_regex(v, r"^[A-Z]{3}$"))),
+    malformed = pc.fill_null(per_value(currency, lambda v: pc.invert(pc.match_substring_regex(v, CURRENCY_RE))),
                              False)
     if pc.any(malformed).as_py():
         for index in np.flatnonzero(malformed.to_numpy(zero_copy_only=False)):

@@ -42,7 +42,7 @@ from seedance_tasks.cost.allocate import (
     in_month,
     shared_splits,
 )
-from seedance_tasks.cost.ingest import MAX_REJECTED, carried_columns, lines_schema, month_bounds
+from seedance_tasks.cost.ingest import CURRENCY_RE, MAX_REJECTED, carried_columns, lines_schema, month_bounds
 from seedance_tasks.cost.money import exact, fmt
 from seedance_tasks.cost.owners import load_owners
 from seedance_tasks.errors import InputError, IntegrityError, SeedanceError, UsageError
@@ -127,6 +127,9 @@ def describe(
     month_bounds(month)
     if format not in FORMATS:
         raise UsageError(f"unknown billing format {format!r}", hint="use focus, cur or ce")
+    if currency is not None and not re.fullmatch(CURRENCY_RE, currency):
+        raise UsageError(f"--currency {currency!r} is not a currency code",
+                         hint="an ISO 4217 code in capitals, e.g. USD or EUR")
     basis = basis or settings.basis
     if basis not in ("EffectiveCost", "BilledCost"):
         raise UsageError(f"unknown basis {basis!r}", hint="use EffectiveCost or BilledCost")

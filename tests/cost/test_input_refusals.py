@@ -158,3 +158,11 @@ def test_a_malformed_utilization_row_is_an_error_naming_file_row_and_column(tmp_
     result = _recover(tmp_path, billing, "--utilization", str(usage))
     _refused(result, f"utilization file {usage}, {where}")
     assert result.exit_code == 1
+
+
+@pytest.mark.parametrize("currency", ["usd", "US", "US$"])
+def test_a_currency_option_that_is_no_currency_code_is_a_usage_error(tmp_path, currency):
+    billing = write_focus(tmp_path / "b.csv", [line("2024-09-01 00:00:00", "1")])
+    result = _recover(tmp_path, billing, "--currency", currency)
+    _refused(result, f"--currency {currency!r} is not a currency code")
+    assert result.exit_code == 2 and not (tmp_path / "out").exists()
