@@ -364,8 +364,9 @@ def normalise(
         out[name], bad = _money(columns[name])
         for index, reason in bad.items():
             note(index, name, f"malformed {name}: {reason}")
+    ends = None
     if "ChargePeriodEnd" in columns and "ChargePeriodEnd" not in carry:  # optional: blank is as good as none
-        _, bad = _timestamps(_blank_as_null(columns["ChargePeriodEnd"]))
+        ends, bad = _timestamps(_blank_as_null(columns["ChargePeriodEnd"]))
         for index, reason in bad.items():
             note(index, "ChargePeriodEnd", f"malformed ChargePeriodEnd: {reason}")
     for name in carry:
@@ -375,6 +376,11 @@ def normalise(
         out[carried_name(name)], bad = _carried(columns[name], name)
         for index, reason in bad.items():
             note(index, name, f"malformed {name}: {reason}")
+    if "ChargePeriodEnd" in carry and "ChargePeriodEnd" in columns:
+        ends = out["ChargePeriodEnd"]
+    if ends is not None:
+        for index, reason in _reversed_periods(out["ChargePeriodStart"], ends).items():
+            note(index, "ChargePeriodEnd", reason)
     for name in DICT_COLUMNS:
         out[name] = as_dict(columns[name]) if name in columns else nulls(length, DICT)
     for name in PLAIN_COLUMNS:
@@ -404,6 +410,15 @@ def normalise(
                  "month": when.strftime("%Y-%m") if when else None}
             )
     return batch, rejected
+
+
+def _reversed_periods(starts: pa.Array, ends: pa.Array) -> dict[int, str]:
+    """{index: reason} of the lines whose ChargePeriodEnd is before their ChargePeriodStart."""
+    if ends.null_count == len(ends):
+        return {}
+    before = pc.fill_null(pc.less(ends, starts), False).to_numpy(zero_copy_only=False)
+    return {int(index): f"ChargePeriodEnd {ends[int(index)].as_py():%Y-%m-%d %H:%M:%S} is before ChargePeriodStart "
+            f"{starts[int(index)].as_py():%Y-%m-%d %H:%M:%S}" for index in np.flatnonzero(before)}
 
 
 # --------------------------------------------------------------------------- FOCUS files

@@ -95,9 +95,16 @@ def _read(path, batch_rows: int):
     return kept, rejected
 
 
+def _reversed(row: dict) -> set[str]:
+    """{"ChargePeriodEnd"} when the row's period ends before it starts (both valid), else empty."""
+    start, end = row["ChargePeriodStart"][1], row["ChargePeriodEnd"][1]
+    valid = all(value is not BAD and value is not None for value in (start, end))
+    return {"ChargePeriodEnd"} if valid and end < start else set()
+
+
 def _check(rows: list[dict], kept: list[dict], rejected: list[dict], source: str) -> None:
     """Every row accepted with exactly its expected values, or rejected naming one of its bad columns."""
-    bad_columns = {number: {name for name in CHECKED if row[name][1] is BAD}
+    bad_columns = {number: {name for name in CHECKED if row[name][1] is BAD} | _reversed(row)
                    for number, row in enumerate(rows, start=1)}
     assert sorted(item["row"] for item in rejected) == [n for n, bad in bad_columns.items() if bad]
     for item in rejected:

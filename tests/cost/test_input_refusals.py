@@ -166,3 +166,16 @@ def test_a_currency_option_that_is_no_currency_code_is_a_usage_error(tmp_path, c
     result = _recover(tmp_path, billing, "--currency", currency)
     _refused(result, f"--currency {currency!r} is not a currency code")
     assert result.exit_code == 2 and not (tmp_path / "out").exists()
+
+
+def test_a_charge_period_ending_before_it_starts_rejects_the_row(tmp_path):
+    rows = [line("2024-09-02 00:00:00", "1", end="2024-09-01 00:00:00"),
+            line("2024-09-02 00:00:00", "2", end="2024-09-03 00:00:00"),
+            line("2024-09-02 00:00:00", "4")]
+    result = _recover(tmp_path, write_focus(tmp_path / "b.csv", rows), "--json")
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)["summary"]
+    assert summary["rejected"] == [{"file": str(tmp_path / "b.csv").split("/")[-1], "row": 1,
+                                    "column": "ChargePeriodEnd", "reason": "ChargePeriodEnd 2024-09-01 00:00:00 is "
+                                    "before ChargePeriodStart 2024-09-02 00:00:00"}]
+    assert summary["currencies"]["USD"]["total"] == "6"
