@@ -346,18 +346,35 @@ def _parser(text: str):
     return text_string_to_metric_families
 
 
+_FIRST_TIME, _LAST_TIME = -62135596800, 253402300799  # 0001-01-01 .. 9999-12-31T23:59:59 UTC, in seconds
+
+
+def _exposed_counters(text: str) -> set[str]:
+    """Counters a Prometheus text declares without `_total`: prometheus_client's parser renames
+    their samples `NAME_total` (its OpenMetrics view); a Prometheus server stores them as exposed."""
+    if "# EOF" in text:
+        return set()
+    return {name for name in re.findall(r"^#\s*TYPE\s+(\S+)\s+counter\s*$", text, re.M) if not name.endswith("_total")}
+
+
 def _parse_text(text: str):
-    """Samples (name, labels, value, timestamp-or-None) of OpenMetrics or Prometheus text."""
+    """Samples (name, labels, value, timestamp-or-None) of OpenMetrics or Prometheus text, each
+    under the name it is exposed as. Raises ValueError on a timestamp outside years 1..9999."""
+    renamed = _exposed_counters(text)
     for family in _parser(text)(text):
         for sample in family.samples:
-            stamp = sample.timestamp
-            yield sample.name, sample.labels, sample.value, None if stamp is None else float(stamp)
+            name = sample.name
+            if family.name in renamed and name == family.name + "_total":
+                name = family.name
+            stamp = None if sample.timestamp is None else float(sample.timestamp)
+            if stamp is not None and not _FIRST_TIME <= stamp <= _LAST_TIME:
+                raise ValueError(f"timestamp {sample.timestamp} is outside years 1..9999")
+            yield name, sample.labels, sample.value, stamp
 
 
 def _first_bad_line(text: str) -> tuple[int, str] | None:
     """(number, text) of the first sample line the parser refuses on its own, or None if each parses
     alone (the problem is then between lines: a TYPE or the # EOF)."""
-    parse = _parser(text)
     ending = "# EOF\n" if "# EOF" in text else ""
     ended = False
     for number, line in enumerate(text.splitlines(), start=1):
@@ -367,8 +384,7 @@ def _first_bad_line(text: str) -> tuple[int, str] | None:
         if not line.strip() or line.startswith("#"):
             continue
         try:
-            for family in parse(line + "\n" + ending):
-                list(family.samples)
+            list(_parse_text(line + "\n" + ending))
         except ValueError:
             return number, line
     return None
@@ -397,7 +413,8 @@ def import_openmetrics(source: str, out: str, *, at: datetime | None = None) -> 
         where = f"{source}:{bad[0]}" if bad else source
         shown = f": {bad[1][:80]!r}" if bad else ""
         raise InputError(f"{where}: not OpenMetrics/Prometheus text ({exc}){shown}",
-                         hint="each sample is `name{label=\"v\"} value [timestamp]`; OpenMetrics ends with # EOF") from None
+                         hint="each sample is `name{label=\"v\"} value [timestamp]` (Prometheus text: milliseconds; "
+                         "OpenMetrics: seconds); OpenMetrics ends with # EOF") from None
     table = pa.table({"timestamp": pa.array(rows["timestamp"], pa.int64()).cast(SAMPLES.field(0).type),
                       "name": rows["name"], "labels": rows["labels"], "value": rows["value"]}, schema=SAMPLES)
     write_samples(table, out)

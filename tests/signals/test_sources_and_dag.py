@@ -62,6 +62,8 @@ def test_import_metrics_refuses_bad_text(tmp_path):
     ("a 1\nb 2\nc 3 noon\n", 3),  # a timestamp that is not a number
     ('# TYPE a counter\na_total 1\na_total{x="1"} 2 \n# EOF\n', 3),  # OpenMetrics: a trailing space
     ("a 1\n# EOF\nb 2\n", 3),  # a sample after # EOF
+    ("up 1 1\nup 2 9999999999999999999999\n", 2),  # a timestamp no datetime holds (was an OverflowError)
+    ("up 1 1\nup 2 99999999999999999\n", 2),  # one past year 9999 (was written, then unreadable)
 ])
 def test_import_metrics_names_the_line_it_refuses(tmp_path, text, line):
     from seedance_tasks.errors import InputError
@@ -74,6 +76,25 @@ def test_import_metrics_names_the_line_it_refuses(tmp_path, text, line):
     assert caught.value.message.startswith(f"{source}:{line}: not OpenMetrics/Prometheus text")
     assert repr(text.splitlines()[line - 1]) in caught.value.message and caught.value.hint
     assert not (tmp_path / "x.parquet").exists()
+
+
+def test_imported_counters_keep_the_names_they_are_exposed_under(tmp_path):
+    """prometheus_client renames a Prometheus-text counter `NAME` to `NAME_total`; a Prometheus
+    server (and a rule) knows it as exposed, e.g. DCGM's DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION."""
+    import pyarrow.parquet as pq
+
+    from seedance_tasks.signals.sources import import_openmetrics
+
+    source = tmp_path / "dcgm.prom"
+    source.write_text('# TYPE DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION counter\n'
+                      'DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{gpu="0"} 5000\n'
+                      '# TYPE node_cpu_seconds_total counter\nnode_cpu_seconds_total{cpu="0"} 7\n')
+    result = import_openmetrics(str(source), str(tmp_path / "x.parquet"))
+    assert result["metrics"] == ["DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "node_cpu_seconds_total"]
+    assert sorted(pq.read_table(tmp_path / "x.parquet").column("name").to_pylist()) == result["metrics"]
+    openmetrics = tmp_path / "om.txt"
+    openmetrics.write_text('# TYPE a counter\na_total 1\n# EOF\n')
+    assert import_openmetrics(str(openmetrics), str(tmp_path / "y.parquet"))["metrics"] == ["a_total"]
 
 
 def test_cli_run_json_lists_every_rule(tmp_path):
