@@ -70,7 +70,7 @@ def recover(
         if summary["rejected_truncated"]:
             console.print(f"rejected rows: the first {len(summary['rejected']):,} of {summary['rejected_count']:,} "
                           "are listed in summary.json")
-        console.print(f"outputs: {res['report']['out']}")
+        console.print(f"outputs: {res['report']['out']}", markup=False)
 
     emit(result, as_json, render)
 

@@ -51,7 +51,7 @@ def run(
         console.print(table(f"signals, night of {doc['date']}", ["signal", "state", "findings", "note"], rows))
         for signal in doc["signals"]:
             for f in signal["findings"]:
-                console.print(f"[{f['severity']}] {f['summary']} ({f['at_stake']} {f['currency']}/month)")
+                console.print(f"[{f['severity']}] {f['summary']} ({f['at_stake']} {f['currency']}/month)", markup=False)
 
     emit(night, as_json, render)
 
@@ -88,4 +88,4 @@ def import_metrics(
     except ValueError:
         raise UsageError(f"--at {at!r} is not an ISO time", hint="e.g. 2026-03-01T00:00:00+00:00") from None
     emit(import_openmetrics(source, out, at=when), as_json,
-         lambda r: console.print(f"{r['samples']:,} samples of {len(r['metrics'])} metrics -> {r['out']}"))
+         lambda r: console.print(f"{r['samples']:,} samples of {len(r['metrics'])} metrics -> {r['out']}", markup=False))
