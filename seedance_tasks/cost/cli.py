@@ -53,14 +53,16 @@ def recover(
     def render(res: dict) -> None:
         from decimal import Decimal
 
+        from seedance_tasks.dashboard.svg import money  # cents, as the report shows them (outputs stay exact)
+
         summary = res["summary"]
         for currency_code, entry in summary["currencies"].items():
             ranked = sorted(entry["by_owner"].items(), key=lambda item: (-abs(Decimal(item[1])), item[0]))
-            rows = [[owner, amount] for owner, amount in ranked[:25]]
+            rows = [[owner, money(Decimal(amount))] for owner, amount in ranked[:25]]
             if len(ranked) > 25:
                 rows.append([f"... {len(ranked) - 25} more (see the statements)", ""])
-            rows.append(["(unallocated)", entry["unallocated"]])
-            rows.append(["TOTAL", entry["total"]])
+            rows.append(["(unallocated)", money(Decimal(entry["unallocated"]))])
+            rows.append(["TOTAL", money(Decimal(entry["total"]))])
             console.print(table(f"{month} {summary['basis']} by owner ({currency_code})", ["owner", "amount"], rows))
         console.print(
             f"{summary['lines']:,} lines, {summary['rejected_count']:,} rejected, "

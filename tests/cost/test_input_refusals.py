@@ -179,3 +179,22 @@ def test_a_charge_period_ending_before_it_starts_rejects_the_row(tmp_path):
                                     "column": "ChargePeriodEnd", "reason": "ChargePeriodEnd 2024-09-01 00:00:00 is "
                                     "before ChargePeriodStart 2024-09-02 00:00:00"}]
     assert summary["currencies"]["USD"]["total"] == "6"
+
+
+def test_the_human_table_shows_cents_with_thousands_and_the_json_stays_exact(tmp_path):
+    billing = write_focus(tmp_path / "bill.csv", [
+        line("2024-09-01T00:00:00Z", "1234.005", tags={"owner": "alpha"}),
+        line("2024-09-02T00:00:00Z", "2.004", tags={"owner": "beta"}),
+        line("2024-09-03T00:00:00Z", "0.333"),
+    ])
+    result = CliRunner().invoke(app, ["cost", "recover", "--month", "2024-09", "--billing", str(billing),
+                                      "--owners", str(write_owners(tmp_path / "owners.yaml")),
+                                      "--out", str(tmp_path / "out"), "--basis", "BilledCost"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    rows = {cells[0]: cells[1] for cells in (
+        [cell.strip() for cell in row.strip("│┃ ").split("│")] for row in result.output.splitlines() if "│" in row)
+        if len(cells) == 2}
+    assert rows["alpha"] == "1,234.01" and rows["beta"] == "2.00" and rows["(unallocated)"] == "0.33"
+    assert rows["TOTAL"] == "1,236.34"
+    summary = json.loads((tmp_path / "out" / "month=2024-09" / "summary.json").read_text())
+    assert summary["currencies"]["USD"]["by_owner"]["alpha"] == "1234.005"  # the outputs keep every digit
