@@ -83,7 +83,6 @@ def _scalar_value(node: dict) -> Any:
 MAX_DEPTH = 100  # containers inside containers: far past any model's state, well inside Python's recursion limit
 _INT_TEXT = re.compile(r"^-?[0-9]{1,4000}$")
 _FLOAT_TEXT = ("nan", "inf", "-inf")
-_CONTAINERS = ("dict", "list", "tuple")
 
 
 def tree_problem(skeleton: Any, tensor_count: int) -> tuple[str, str] | None:
@@ -114,7 +113,7 @@ def _node_problem(node: Any, tensor_count: int) -> str | None:
         pairs = node["dict"]
         if not isinstance(pairs, list) or not all(isinstance(p, list) and len(p) == 2 for p in pairs):
             return "a dict node holds [key, value] pairs"
-        return next((_scalar_problem(key) for key, _ in pairs if _scalar_problem(key)), None)
+        return next((problem for key, _ in pairs if (problem := _scalar_problem(key))), None)
     if "list" in node or "tuple" in node:
         return None if isinstance(node.get("list", node.get("tuple")), list) else "a list node holds a list"
     if "quantized" in node:
@@ -122,18 +121,21 @@ def _node_problem(node: Any, tensor_count: int) -> str | None:
     return _scalar_problem(node)
 
 
+_SCALAR_CHECKS = {  # what each scalar node kind may hold (as `_scalar` writes it)
+    "none": lambda v: v is True,
+    "bool": lambda v: isinstance(v, bool),
+    "int": lambda v: isinstance(v, str) and bool(_INT_TEXT.match(v)),
+    "float": lambda v: (isinstance(v, int | float) and not isinstance(v, bool)) or v in _FLOAT_TEXT,
+    "str": lambda v: isinstance(v, str),
+    "torch_dtype": lambda v: isinstance(v, str),
+}
+
+
 def _scalar_problem(node: Any) -> str | None:
     if not isinstance(node, dict) or len(node) != 1:
         return f"{str(node)[:60]!r} is not a tree node"
     (kind, value), = node.items()
-    valid = {
-        "none": lambda v: v is True,
-        "bool": lambda v: isinstance(v, bool),
-        "int": lambda v: isinstance(v, str) and bool(_INT_TEXT.match(v)),
-        "float": lambda v: (isinstance(v, int | float) and not isinstance(v, bool)) or v in _FLOAT_TEXT,
-        "str": lambda v: isinstance(v, str),
-        "torch_dtype": lambda v: isinstance(v, str),
-    }.get(kind)
+    valid = _SCALAR_CHECKS.get(kind)
     if valid is None:
         return f"unknown node kind {kind[:40]!r}"
     return None if valid(value) else f"{kind} node holds {str(value)[:40]!r}"
