@@ -1,11 +1,15 @@
 """Parquet cells as member bytes: how a Parquet source turns each column's values into a member.
 
-Bytes are written as they are, strings as UTF-8, booleans as `1`/`0`, numbers as their decimal
-text, and anything else as JSON: dates, times, timestamps and durations as the text Python
-gives them (`2024-05-01 12:00:00.123456+00:00`, `0:00:01.500000`), with nine fractional digits
-for nanosecond columns (`1970-01-01 00:00:00.000001500`), and bytes nested in a struct, list or
-map as base64 text (standard alphabet, padded). A value that cannot be encoded is a `CellError`
-in its row, so the row is rejected and the rest of the column is kept.
+Bytes are written as they are, strings as UTF-8, booleans as `1`/`0`, numbers as their own text
+(a decimal with its own digits: `12.30` stays `12.30`; a NaN or infinity as `nan`, `inf`,
+`-inf`), and anything else as strict JSON: numbers nested in a struct, list or map as JSON
+numbers with the same text (decimals too, every digit kept), a nested NaN or infinity as the
+string of its text (`"nan"`, `"inf"`, `"-inf"`, as JSON has no such number), dates, times,
+timestamps and durations as the text Python gives them (`2024-05-01 12:00:00.123456+00:00`,
+`0:00:01.500000`), with nine fractional digits for nanosecond columns
+(`1970-01-01 00:00:00.000001500`), and bytes nested in a struct, list or map as base64 text
+(standard alphabet, padded). A value that cannot be encoded is a `CellError` in its row, so the
+row is rejected and the rest of the column is kept.
 """
 
 from __future__ import annotations
@@ -13,12 +17,14 @@ from __future__ import annotations
 import base64
 import json
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any
 
 import pyarrow as pa
 
 _NS = 10**9
 _FRACTION_AT = {"timestamp": 19, "time": 8}  # where str() puts the fraction: after YYYY-MM-DD HH:MM:SS / HH:MM:SS
+_NON_FINITE = ("nan", "inf", "-inf")
 
 
 @dataclass(frozen=True)
@@ -136,20 +142,52 @@ def column_values(column: pa.ChunkedArray | pa.Array) -> list:
     return values
 
 
+class _ExactNumber(ValueError):
+    """A decimal met by json's encoder, which cannot write its digits: `_strict_json` writes it instead."""
+
+
+def number_text(value: int | float | Decimal) -> str:
+    """A number as its own text: an int's digits, a float as Python writes it, a decimal's digits as
+    they are (never through a float); a NaN or infinity, float or decimal, is `nan`, `inf` or `-inf`."""
+    if isinstance(value, Decimal) and not value.is_finite():
+        return "nan" if value.is_nan() else "-inf" if value.is_signed() else "inf"
+    return str(value)
+
+
 def _json_default(value: Any) -> Any:
+    if isinstance(value, Decimal):
+        raise _ExactNumber
     if isinstance(value, bytes | bytearray | memoryview):
         return base64.b64encode(bytes(value)).decode("ascii")
-    return str(value)  # dates, times, decimals, NanosecondValue...: their text
+    return str(value)  # dates, times, NanosecondValue...: their text
+
+
+def _strict_json(value: Any) -> str:
+    """`value` as json.dumps writes it, but with decimals as JSON numbers and NaN and infinities as text."""
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{json.dumps(str(key))}: {_strict_json(item)}" for key, item in value.items()) + "}"
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_strict_json(item) for item in value) + "]"
+    if isinstance(value, float | Decimal):
+        text = number_text(value)
+        return json.dumps(text) if text in _NON_FINITE else text
+    if value is None or isinstance(value, str | int):
+        return json.dumps(value)
+    return _strict_json(_json_default(value))
 
 
 def cell_bytes(value: Any) -> bytes:
-    """A cell's Python value as member bytes (see the module's docstring for the encodings)."""
+    """A cell's Python value as member bytes (see the module's docstring): anything written as JSON
+    is strict JSON (no NaN or Infinity), and every number keeps its own digits."""
     if isinstance(value, bytes | bytearray | memoryview):
         return bytes(value)
     if isinstance(value, str):
         return value.encode("utf-8")
     if isinstance(value, bool):
         return b"1" if value else b"0"
-    if isinstance(value, int | float):
-        return str(value).encode()
-    return json.dumps(value, default=_json_default).encode()
+    if isinstance(value, int | float | Decimal):
+        return number_text(value).encode()
+    try:
+        return json.dumps(value, default=_json_default, allow_nan=False).encode()
+    except ValueError:  # a decimal, a NaN or an infinity inside: written by `_strict_json` instead
+        return _strict_json(value).encode()

@@ -10,9 +10,9 @@ loaders plan epochs and verify checksums without opening a tar.
 
 from __future__ import annotations
 
-import math
 import posixpath
 import re
+import string
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -25,8 +25,9 @@ from seedance_tasks.storage import Location
 INDEX_NAME = "shardindex.json"
 WIDS_VERSION = 1
 MAX_PATTERN_SHARDS = 100_000  # a brace pattern is expanded in memory: refuse one that names more
-_GROUP = re.compile(r"\{([^{}]*)\}")  # an innermost brace group
-_RANGE = re.compile(r"^(?:(-?\d+)\.\.(-?\d+)|([A-Za-z])\.\.([A-Za-z]))(?:\.\.(-?\d+))?$")
+_INT_RANGE = re.compile(r"^(-?\d+)\.\.(-?\d+)(?:\.\.-?(\d+))?$")  # braceexpand's own ranges
+_CHAR_RANGE = re.compile(r"^([A-Za-z])\.\.([A-Za-z])(?:\.\.-?(\d+))?$")
+_ALPHABET = string.ascii_uppercase + string.ascii_lowercase
 ENTRY_HINT = "each shardlist entry must be an object with a relative `url` and an integer `nsamples`"
 INDEX_HINT = "rebuild it with `seedance shards build`, or point at the directory of tars (--no-index)"
 
@@ -76,32 +77,73 @@ class ShardSet:
     problems: list[ListingProblem] = field(default_factory=list)
 
 
-def _group_size(body: str) -> int:
-    """How many names one brace group `{body}` makes: a range's length, or its comma-separated choices."""
-    match = _RANGE.match(body)
-    if not match:
-        return body.count(",") + 1
-    first, last, first_letter, last_letter, step = match.groups()
-    span = abs(int(last) - int(first)) if first is not None else abs(ord(last_letter) - ord(first_letter))
-    return span // max(abs(int(step or 1)), 1) + 1
+def _expression_count(expr: str) -> int:
+    """How many strings braceexpand makes of one group `{expr}`: a range, a comma list, or a literal."""
+    if match := _INT_RANGE.match(expr):
+        first, last, step = match.groups()
+        return abs(int(last) - int(first)) // (int(step or 0) or 1) + 1
+    if match := _CHAR_RANGE.match(expr):
+        first, last, step = match.groups()
+        step, i, j = int(step or 0) or 1, _ALPHABET.index(first), _ALPHABET.index(last)
+        return len(_ALPHABET[i : j + 1 : step] if i < j else _ALPHABET[i : (j or -len(_ALPHABET)) - 1 : -step])
+    parts, start, depth, pos = [], 0, 0, 0
+    while pos < len(expr):
+        if expr[pos] == "\\":
+            pos += 2
+            continue
+        if expr[pos] in "{}":
+            depth += 1 if expr[pos] == "{" else -1
+        elif expr[pos] == "," and depth == 0:
+            parts.append(expr[start:pos])
+            start = pos + 1
+        pos += 1
+    if depth or not parts:  # not a list: the braces are kept as text around what is inside
+        return pattern_size(expr)
+    return sum(pattern_size(part) for part in [*parts, expr[start:]])
 
 
-def _pattern_size(uri: str) -> int:
-    """How many names a brace pattern makes at most: its innermost groups' sizes multiplied."""
-    return math.prod(_group_size(body) for body in _GROUP.findall(uri))
+def pattern_size(pattern: str) -> int:
+    """Exactly how many names `braceexpand(pattern)` makes, counted without making any of them.
+
+    Follows braceexpand's grammar (integer and letter ranges with steps, comma lists, groups nested
+    in either, backslash escapes): the product of the top-level groups' counts, a list counting the
+    sum of its items'. ValueError where braceexpand cannot expand it either (unbalanced braces).
+    """
+    count, start, depth, pos = 1, 0, 0, 0
+    while pos < len(pattern):
+        if pattern[pos] == "\\":
+            pos += 2
+            continue
+        if pattern[pos] == "{":
+            start = pos if depth == 0 else start
+            depth += 1
+        elif pattern[pos] == "}":
+            depth -= 1
+            if depth == 0:
+                count *= _expression_count(pattern[start + 1 : pos])
+                start = pos + 1
+        pos += 1
+    if depth:
+        raise ValueError("unbalanced braces")
+    return count
 
 
 def _expand(uri: str) -> Iterator[str]:
     """The names a brace pattern makes, one at a time; UsageError if it makes too many to list."""
     import braceexpand  # builds each range in memory: sized first
 
-    size = _pattern_size(uri)
-    if size > MAX_PATTERN_SHARDS:
+    try:
+        size = pattern_size(uri)
+        names = braceexpand.braceexpand(uri) if size <= MAX_PATTERN_SHARDS else None
+    except (ValueError, RecursionError) as exc:
+        raise UsageError(f"the pattern {uri} cannot be expanded: {exc}",
+                         hint="balance its braces (escape a literal one as \\{), or point at the directory") from None
+    if names is None:
         raise UsageError(
-            f"the pattern {uri} names up to {size:,} shards, more than {MAX_PATTERN_SHARDS:,}",
+            f"the pattern {uri} names {size:,} shards, more than {MAX_PATTERN_SHARDS:,}",
             hint="check its ranges, split it into smaller patterns, or point at the directory or its shardindex.json",
         )
-    yield from braceexpand.braceexpand(uri)
+    yield from names
 
 
 def _ref(location: Location, size: int | None = None, **known) -> ShardRef:

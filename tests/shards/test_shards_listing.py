@@ -6,15 +6,17 @@ a hint) and the other shards are still checked."""
 from __future__ import annotations
 
 import json
+import random
 import resource
 from pathlib import Path
 
 import pytest
+from braceexpand import braceexpand
 from typer.testing import CliRunner
 
 from seedance_tasks.cli import app
 from seedance_tasks.errors import InputError, RefusedError, UsageError
-from seedance_tasks.shards.index import resolve_shards
+from seedance_tasks.shards.index import pattern_size, resolve_shards
 from seedance_tasks.shards.verify import verify
 from tests.shards.test_shards import write_tar
 
@@ -38,6 +40,53 @@ def test_a_huge_brace_pattern_is_refused_before_it_is_expanded(tmp_path):
 def test_a_pattern_is_sized_by_all_its_groups(tmp_path, pattern):
     with pytest.raises(UsageError, match="more than 100,000"):
         verify(f"{tmp_path}/{pattern}")
+
+
+NESTED = ["s-{a,b{00..99}}.tar", "{a{0000..9999},b{0000..9999}}", "{x,y{0..9}}", "python{2.{5..7},3.{2,3}}",
+          "{x{0..2}y,z}{1..3}", "{{a,b}}", "{abc}{,}", r"{a\,b,c}", "{1..10..3}{z..A..7}", "}{{a,b}", "{Z..a}"]
+
+
+def expanded_count(pattern: str) -> int | str:
+    try:
+        return sum(1 for _ in braceexpand(pattern))
+    except ValueError:
+        return "ValueError"
+
+
+def counted(pattern: str) -> int | str:
+    try:
+        return pattern_size(pattern)
+    except ValueError:
+        return "ValueError"
+
+
+@pytest.mark.parametrize("pattern", NESTED)
+def test_a_pattern_is_counted_exactly_as_braceexpand_expands_it(pattern):
+    assert pattern_size(pattern) == expanded_count(pattern)
+
+
+def test_any_pattern_is_counted_as_braceexpand_expands_it_or_fails_where_it_fails():
+    rng = random.Random(0)
+    for _ in range(5000):
+        pattern = "".join(rng.choice("{},.\\a0-9zA") for _ in range(rng.randint(0, 14)))
+        assert counted(pattern) == expanded_count(pattern), pattern
+
+
+def test_a_nested_pattern_at_the_cap_is_listed_and_one_more_is_refused(tmp_path):
+    write_tar(tmp_path / "s-a00000.tar", [("a.cls", b"1")])
+    at_cap = resolve_shards(f"{tmp_path}/s-{{a{{00000..49999}},b{{00000..49999}}}}.tar", strict=False)
+    assert [ref.name for ref in at_cap.shards] == ["s-a00000.tar"] and len(at_cap.problems) == 99_999
+    for pattern, size in [("s-{a{00000..49999},b{00000..50000}}.tar", "100,001"),
+                          ("s-{x,y{00000..99999}}.tar", "100,001")]:
+        with pytest.raises(UsageError) as raised:
+            resolve_shards(f"{tmp_path}/{pattern}")
+        assert f"{tmp_path}/{pattern} names {size} shards, more than 100,000" in str(raised.value)
+        assert raised.value.hint
+
+
+def test_a_pattern_with_unbalanced_braces_is_a_usage_error(tmp_path):
+    result = cli_verify(f"{tmp_path}/s-{{0..2.tar")
+    assert result.exit_code == 2 and "unbalanced braces" in result.output and "hint:" in result.output
 
 
 def test_a_shard_missing_from_a_pattern_is_a_problem_and_the_others_are_checked(tmp_path):

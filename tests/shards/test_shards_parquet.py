@@ -1,10 +1,12 @@
-"""Parquet sources: how cells become members (nanosecond temporals, nested bytes), cells that cannot
-be encoded, and bad keys, each rejected with its file, row and reason while the build goes on."""
+"""Parquet sources: how cells become members (nanosecond temporals, nested bytes, decimals, NaN and
+infinities), cells that cannot be encoded, and bad keys, each rejected with its file, row and reason
+while the build goes on."""
 
 from __future__ import annotations
 
 import base64
 import json
+from decimal import Decimal
 from pathlib import Path
 
 import pyarrow as pa
@@ -101,3 +103,48 @@ def test_empty_and_null_keys_are_rejected_like_other_bad_keys(tmp_path):
     assert set(reasons) == {"a.parquet#row0", "a.parquet#row1", "a.parquet#row3"}
     assert "empty key" in reasons["a.parquet#row0"] and "null key" in reasons["a.parquet#row1"]
     assert not any("duplicate" in reason for reason in reasons.values())
+
+
+def strict_loads(data: bytes):
+    """json.loads that refuses NaN and Infinity, as strict JSON parsers do, and keeps decimals exact."""
+    def refuse(name):
+        raise ValueError(f"not strict JSON: {name}")
+    return json.loads(data, parse_float=Decimal, parse_constant=refuse)
+
+
+def test_decimals_are_json_numbers_with_their_own_digits_at_any_depth(tmp_path):
+    big = Decimal("12345678901234567890123456789012345678.12345678901234567890123456789012345678")
+    write_parquet(tmp_path / "src" / "a.parquet", {
+        "__key__": ["a"],
+        "cls": [1],
+        "price": pa.array([Decimal("12.30")], pa.decimal128(5, 2)),
+        "big": pa.array([big], pa.decimal256(76, 38)),
+        "meta": pa.array([{"d": Decimal("-0.05"), "l": [big, None], "s": "x"}],
+                         pa.struct([("d", pa.decimal128(5, 2)), ("l", pa.list_(pa.decimal256(76, 38))),
+                                    ("s", pa.string())])),
+    })
+    build(str(tmp_path / "src"), str(tmp_path / "o"))
+    sample = members_by_key(tmp_path / "o")["a"]
+    assert sample["price"] == b"12.30" and sample["big"] == str(big).encode()
+    assert sample["meta"] == f'{{"d": -0.05, "l": [{big}, null], "s": "x"}}'.encode()
+    price, meta = strict_loads(sample["price"]), strict_loads(sample["meta"])
+    assert str(price) == "12.30" and strict_loads(sample["big"]) == big
+    assert meta == {"d": Decimal("-0.05"), "l": [big, None], "s": "x"} and str(meta["d"]) == "-0.05"
+
+
+def test_nan_and_infinities_are_written_as_their_text_and_json_stays_strict(tmp_path):
+    nan, inf = float("nan"), float("inf")
+    write_parquet(tmp_path / "src" / "a.parquet", {
+        "__key__": ["a"],
+        "cls": [1],
+        "score": pa.array([nan], pa.float64()),
+        "scores": pa.array([[nan, inf, -inf, 1.5, None]], pa.list_(pa.float64())),
+        "meta": pa.array([{"f": -inf, "d": Decimal("1.5")}], pa.struct([("f", pa.float32()),
+                                                                         ("d", pa.decimal128(3, 1))])),
+    })
+    build(str(tmp_path / "src"), str(tmp_path / "o"))
+    sample = members_by_key(tmp_path / "o")["a"]
+    assert sample["score"] == b"nan"  # the top level's text, which nested values are written as too
+    assert sample["scores"] == b'["nan", "inf", "-inf", 1.5, null]'
+    assert strict_loads(sample["scores"]) == ["nan", "inf", "-inf", Decimal("1.5"), None]
+    assert sample["meta"] == b'{"f": "-inf", "d": 1.5}'
