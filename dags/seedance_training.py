@@ -86,6 +86,10 @@ def _profile_names() -> list[str]:
         ),
         "profile": optional_param("NCCL profile", "auto = derived from the topology.", enum=_profile_names(),
                                   empty=from_config("training.profile"), section="NCCL"),
+        "nic_transport": optional_param(
+            "NIC transport", "How the NICs carry inter-node traffic; auto = from the topology's NIC Legend.",
+            empty=from_config("training.nic_transport"), section="NCCL", enum=["auto", "ib", "efa", "none"],
+        ),
         "overrides": Param(
             {}, type="object", title="Environment overrides",
             description_md="`{\"NCCL_SOCKET_IFNAME\": \"=eth0\"}`. Names NCCL/PyTorch do not read are refused.",

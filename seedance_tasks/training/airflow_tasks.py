@@ -56,6 +56,7 @@ def plan_task(params: dict, run_id: str | None = None) -> dict:
         max_restarts=max_restarts,
         rdzv_endpoint=params.get("rdzv_endpoint") or None,
         profiles_file=cfg.profiles_file,
+        nic_transport=params.get("nic_transport") or cfg.nic_transport,
     )
     store = params.get("checkpoint_store") or cfg.checkpoint_store or settings.checkpoint.store
     run = _run_name(params, run_id) if store else None
@@ -71,6 +72,7 @@ def plan_task(params: dict, run_id: str | None = None) -> dict:
         "why": plan["profile"]["why"],
         "expected_busbw_gbps": plan["profile"]["expected_busbw_gbps"],
         "backend": plan["backend"],
+        "nic_transport": plan["nic_transport"],
         "nproc_per_node": plan["nproc_per_node"],
         "nnodes": nnodes,
         "max_restarts": max_restarts,
@@ -101,6 +103,7 @@ def launch_task(planned: dict, params: dict) -> dict:
         data=params.get("data") or None,
         max_restarts=int(planned.get("max_restarts") or 0),
         profile=planned["profile"],
+        nic_transport=params.get("nic_transport") or None,
         overrides=params.get("overrides") or {},
         log_dir=planned["log_dir"],
         on_line=lambda line: log.info("%s", line),

@@ -15,6 +15,10 @@ SET_OPTION = typer.Option(None, "--set", help="override an env variable: NAME=va
 NPROC_OPTION = typer.Option(None, "--nproc-per-node", min=0, help="processes per node (0 = one per GPU)")
 PROFILE_OPTION = typer.Option(None, "--profile", help="NCCL profile name (default: auto)")
 RDZV_OPTION = typer.Option(None, "--rdzv-endpoint", help="HOST:PORT of the rendezvous, for more than one node")
+NIC_TRANSPORT_OPTION = typer.Option(
+    None, "--nic-transport",
+    help="auto | ib | efa | none: how the NICs carry inter-node traffic (default: training.nic_transport; "
+         "auto = from the topology's NIC names)")
 RESTARTS_OPTION = typer.Option(None, "--max-restarts", min=0, help="torchrun restarts of the worker group; each resumes")
 
 
@@ -57,7 +61,10 @@ def _render_plan(plan: dict) -> None:
     for note in profile["notes"]:
         console.print(f"[dim]note:[/] {escape(note)}")
     for warning in plan["warnings"]:
-        console.print(f"[yellow]warning:[/] {escape(warning)}")
+        text, _, hint = warning.partition("; hint: ")
+        console.print(f"[yellow]warning:[/] {escape(text)}", highlight=False, soft_wrap=True)
+        if hint:
+            console.print(f"  [yellow]hint:[/] {escape(hint)}", highlight=False, soft_wrap=True)
     console.print("[bold]command[/] " + escape(" ".join(plan["command"])))
 
 
@@ -70,6 +77,7 @@ def plan_command(
     nodes: int = typer.Option(None, "--nodes", min=1, help="nodes in the job (default: training.nnodes)"),
     nproc_per_node: int = NPROC_OPTION,
     profile: str = PROFILE_OPTION,
+    nic_transport: str = NIC_TRANSPORT_OPTION,
     rdzv_endpoint: str = RDZV_OPTION,
     max_restarts: int = RESTARTS_OPTION,
     overrides: list[str] = SET_OPTION,
@@ -92,6 +100,7 @@ def plan_command(
         max_restarts=cfg.max_restarts if max_restarts is None else max_restarts,
         rdzv_endpoint=rdzv_endpoint or ("HOST:29500" if (nodes or cfg.nnodes) > 1 else None),
         profiles_file=cfg.profiles_file,
+        nic_transport=nic_transport or cfg.nic_transport,
     )
     emit(plan, as_json, _render_plan)
 
@@ -112,6 +121,7 @@ def launch_command(
     data: str = typer.Option(None, "--data", help="preprocessed shards (default: synthetic tokens)"),
     max_restarts: int = RESTARTS_OPTION,
     profile: str = PROFILE_OPTION,
+    nic_transport: str = NIC_TRANSPORT_OPTION,
     overrides: list[str] = SET_OPTION,
     log_dir: str = typer.Option(None, "--log-dir", help="launch.log and metrics.jsonl go here"),
     as_json: bool = JSON_OPTION,
@@ -125,7 +135,8 @@ def launch_command(
         topology=_topology(topology, detect, 0),
         nproc_per_node=nproc_per_node, nnodes=nnodes, rdzv_endpoint=rdzv_endpoint, backend=backend,
         steps=steps, checkpoint_store=checkpoint_store, run=run, checkpoint_every=checkpoint_every, data=data,
-        max_restarts=max_restarts, profile=profile, overrides=envvars.parse_assignments(overrides),
+        max_restarts=max_restarts, profile=profile, nic_transport=nic_transport,
+        overrides=envvars.parse_assignments(overrides),
         log_dir=log_dir, on_line=lambda line: printer.print(line, markup=False, highlight=False),
     )
     result = {key: value for key, value in result.items() if key != "trajectory"}

@@ -2,8 +2,8 @@
 nccl-tests `all_reduce_perf` tables, summarised with a verdict (likely cause and fix).
 
 Every parser takes plain text and tolerates the usual prefixes (`host:pid:tid [dev] NCCL INFO`,
-`[rank1]:[E626 ...]`, torchrun's `[default0]:`, `mpirun --tag-output`'s `[1,0]<stdout>:`); lines it
-does not know are skipped.
+`[rank1]:[E626 ...]`, torchrun's `[default0]:`, `mpirun --tag-output`'s `[1,0]<stdout>:`, Slurm
+`srun --label`'s `0: ` / ` 12: `); lines it does not know are skipped.
 """
 
 from __future__ import annotations
@@ -53,8 +53,10 @@ _PERF_RANK_RE = re.compile(r"^#\s+Rank\s+(\d+)\s+Group")
 _AVG_BUSBW_RE = re.compile(r"#\s*Avg bus bandwidth\s*:\s*([\d.]+)")
 _FORCED_RE = re.compile(r"\b(NCCL_ALGO|NCCL_PROTO)=(\S+)")
 _LAUNCH_RE = re.compile(r"^\$ .*torch\.distributed\.run")  # the header `seedance train launch` writes
-# what a launcher puts before each line of a rank's output: torchrun, PyTorch's rank tag, mpirun --tag-output
-_LINE_PREFIX_RE = re.compile(r"^(?:\[default\d+\]:|\[rank\d+\]:|\[\d+,\d+\]<std(?:out|err)>:)+")
+# what a launcher puts before each line of a rank's output: Slurm's `srun --label` (the task id,
+# right-aligned: optional spaces, digits, a colon and one space; outermost, so only at the very
+# start), then torchrun, PyTorch's rank tag, mpirun --tag-output
+_LINE_PREFIX_RE = re.compile(r"^(?: *\d+: )?(?:\[default\d+\]:|\[rank\d+\]:|\[\d+,\d+\]<std(?:out|err)>:)*")
 _SATURATION_BYTES = 256 * 1024**2  # all_reduce busbw keeps rising below this on NVLink machines
 
 # Every NCCL WARN line and NCCL error code lands in one of these classes, and each class reaches
@@ -141,7 +143,8 @@ def classify_warning(text: str) -> dict[str, str]:
 
 
 def _lines(text: str) -> list[str]:
-    """The lines of `text` without the launcher prefixes (`[default0]:`, `[rank1]:`, `[1,0]<stdout>:`)."""
+    """The lines of `text` without the launcher prefixes (`srun --label`'s `0: `, then `[default0]:`,
+    `[rank1]:`, `[1,0]<stdout>:`); every other character of a line is kept."""
     return [_LINE_PREFIX_RE.sub("", line) for line in text.splitlines()]
 
 
@@ -420,7 +423,7 @@ def report(text: str, *, expected_busbw: float | None = None, no_expectation: st
     (nccl-tests rows, when present) and a `verdict` {status, cause, fix, findings}; `no_expectation`
     says why there is no expected bandwidth, when there is none."""
     lines = text.splitlines()
-    launches = [i for i, line in enumerate(lines) if _LAUNCH_RE.match(line)]
+    launches = [i for i, line in enumerate(lines) if _LAUNCH_RE.match(_LINE_PREFIX_RE.sub("", line))]
     if len(launches) > 1:  # a relaunch appends to the run's log: judge its last launch
         text = "\n".join(lines[launches[-1]:])
     log = parse_nccl_log(text)

@@ -335,6 +335,7 @@ def launch(
     precision: str | None = None,
     max_restarts: int | None = None,
     profile: str | None = None,
+    nic_transport: str | None = None,
     overrides: dict[str, object] | None = None,
     log_dir: str | Path | None = None,
     schedule: dict[str, Any] | None = None,
@@ -379,6 +380,7 @@ def launch(
         max_restarts=max_restarts,
         rdzv_endpoint=rdzv_endpoint,
         profiles_file=cfg.profiles_file,
+        nic_transport=nic_transport or cfg.nic_transport,
     )
     if precision not in (None, "fp32", "bf16", "fp16"):
         raise UsageError(f"unknown precision {precision!r}", hint="use fp32, bf16 or fp16")

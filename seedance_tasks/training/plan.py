@@ -21,6 +21,11 @@ from seedance_tasks.training.topology import Topology, format_cpu_list, link_ran
 DEFAULT_PROFILES = Path(__file__).resolve().parents[2] / "config" / "nccl_profiles.yaml"
 TRAINER_MODULE = "seedance_tasks.training.trainer"
 RANKS_ENV = "SEEDANCE_TRAIN_RANKS"  # per-local-rank env + CPU binding, applied by the trainer at start
+# How the NICs carry NCCL's inter-node traffic (`--nic-transport`, `training.nic_transport`):
+# auto = from the NIC names (`mlx5_*` etc.: ib; `rdmap*`/`efa*`: efa; none shown: none).
+NIC_TRANSPORTS = ("auto", "ib", "efa", "none")
+NIC_TRANSPORT_HINT = ("pass the whole output of `nvidia-smi topo -m`, including its NIC Legend, or set the "
+                      "transport with --nic-transport ib|efa|none (setting training.nic_transport)")
 
 
 @dataclass(frozen=True)
@@ -81,36 +86,73 @@ def load_profiles(path: str | Path | None = None) -> dict[str, Profile]:
     return _load(str(path or DEFAULT_PROFILES))[0]
 
 
-def _facts(topology: Topology | None, nodes: int) -> dict[str, str]:
-    gpus = topology.gpus if topology else []
+def nic_transport_of(topology: Topology | None, override: str | None = "auto") -> str:
+    """How the topology's NICs carry inter-node traffic: `ib` (InfiniBand/RoCE verbs HCAs), `efa`
+    (AWS EFA: `rdmap*`/`efa*` devices), `none` (no NIC), or `unknown`: NIC columns named only
+    `NICn` (no NIC Legend), which InfiniBand and EFA machines both print, so the transport is not
+    guessed. A given `override` (ib, efa, none) wins; UsageError for any other value."""
+    override = override or "auto"
+    if override not in NIC_TRANSPORTS:
+        raise UsageError(f"unknown NIC transport {override!r}", hint=f"choose one of: {', '.join(NIC_TRANSPORTS)}")
+    if override != "auto":
+        return override
     nics = topology.nics if topology else []
-    if any(nic.startswith(("rdmap", "efa")) for nic in nics):
-        nic_kind = "efa"
-    elif nics:
-        nic_kind = "ib"
-    else:
-        nic_kind = "none"
+    unnamed = set(topology.unnamed_nics) if topology else set()
+    if any(nic.startswith(("rdmap", "efa")) for nic in nics if nic not in unnamed):
+        return "efa"
+    if unnamed:
+        return "unknown"
+    return "ib" if nics else "none"
+
+
+def _facts(topology: Topology | None, nodes: int, transport: str = "auto") -> dict[str, str]:
+    gpus = topology.gpus if topology else []
     return {
         "gpus": "some" if gpus else "none",
         "nodes": "multi" if nodes > 1 else "single",
         "gpu_links": "nvlink" if topology and topology.nvlink_all_pairs else "pcie",
-        "nics": nic_kind,
+        "nics": nic_transport_of(topology, transport),
     }
 
 
+# Several nodes whose NIC transport is unknown: nothing transport-specific (no NCCL_IB_HCA, no
+# FI_PROVIDER, no per-rank HCA), so NCCL chooses its network itself, as it does with no settings.
+UNKNOWN_TRANSPORT_PROFILE = Profile(
+    name="nccl-defaults",
+    description="Several nodes, NIC transport unknown: NCCL's own defaults, nothing transport-specific",
+    env={},
+    match=None,
+    backend=None,
+    nic_per_rank=False,
+    expected_busbw_gbps={},
+    notes=["NCCL picks its network itself (IB verbs if it finds HCAs, the OFI plugin if installed, else "
+           "sockets); name the transport with --nic-transport to get its profile"],
+    source=["https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html"],
+)
+
+
 def select_profile(
-    topology: Topology | None, nodes: int, name: str = "auto", profiles_file: str | Path | None = None
+    topology: Topology | None, nodes: int, name: str = "auto", profiles_file: str | Path | None = None,
+    nic_transport: str | None = "auto",
 ) -> tuple[Profile, str]:
-    """The profile named `name`, or with `auto` the first whose `match` fits; returns (profile, why)."""
+    """The profile named `name`, or with `auto` the first whose `match` fits; returns (profile, why).
+
+    With several nodes and an unknown NIC transport (see `nic_transport_of`) and no profile of the
+    file matching, `auto` gives UNKNOWN_TRANSPORT_PROFILE (NCCL defaults), never an IB or EFA one."""
     profiles = load_profiles(profiles_file)
-    facts = _facts(topology, nodes)
+    facts = _facts(topology, nodes, nic_transport)
+    builtin = {UNKNOWN_TRANSPORT_PROFILE.name: UNKNOWN_TRANSPORT_PROFILE}
     if name and name != "auto":
-        if name not in profiles:
-            raise UsageError(f"unknown NCCL profile {name!r}", hint=f"choose one of: auto, {', '.join(profiles)}")
-        return profiles[name], f"chosen by name; machine: {facts}"
+        chosen = profiles.get(name) or builtin.get(name)
+        if chosen is None:
+            raise UsageError(f"unknown NCCL profile {name!r}",
+                             hint=f"choose one of: auto, {', '.join([*profiles, *builtin])}")
+        return chosen, f"chosen by name; machine: {facts}"
     for profile in profiles.values():
         if profile.match and all(facts.get(key) == str(value) for key, value in profile.match.items()):
             return profile, "auto: " + ", ".join(f"{key}={facts[key]}" for key in profile.match)
+    if facts["nics"] == "unknown" and facts["gpus"] == "some":
+        return UNKNOWN_TRANSPORT_PROFILE, "auto: " + ", ".join(f"{key}={value}" for key, value in facts.items())
     raise UsageError(f"no NCCL profile matches this machine ({facts})", hint="pick one with --profile")
 
 
@@ -187,11 +229,15 @@ def make_plan(
     rdzv_endpoint: str | None = None,
     profiles_file: str | Path | None = None,
     trainer_args: list[str] | None = None,
+    nic_transport: str | None = "auto",
 ) -> dict[str, Any]:
-    """Everything a launch needs, as a JSON-able dict: `gpus`, `links`, `numa`, `nics`, `profile`,
-    `env` (node-wide), `ranks` (per local rank: GPU, NUMA node, CPUs, nearest NICs, extra env),
-    `command` (torchrun) and `warnings`. Overrides are validated like the profile's own variables."""
-    chosen, why = select_profile(topology, nodes, profile, profiles_file)
+    """Everything a launch needs, as a JSON-able dict: `gpus`, `links`, `numa`, `nics`,
+    `nic_transport`, `profile`, `env` (node-wide), `ranks` (per local rank: GPU, NUMA node, CPUs,
+    nearest NICs, extra env), `command` (torchrun) and `warnings` (each naming the topology file,
+    with a `hint:` where there is something to do). Overrides are validated like the profile's own
+    variables. An unknown NIC transport never yields IB or EFA settings."""
+    transport = nic_transport_of(topology, nic_transport)
+    chosen, why = select_profile(topology, nodes, profile, profiles_file, nic_transport)
     clean_overrides = envvars.validate(dict(overrides or {}))
     gpus = topology.gpus if topology else []
     if backend == "auto":
@@ -206,8 +252,14 @@ def make_plan(
     if topology and topology.pcie_only_view:
         warnings.append("this is a PCIe-only view (`nvidia-smi topo -mp`): NVLinks are not shown; "
                         "plan from `nvidia-smi topo -m` to see them")
+    where = f"{topology.source}: " if topology and topology.source else ""
     if topology and gpus and not topology.numa_nodes:
         warnings.append("no NUMA affinity reported (N/A): ranks are not bound to a NUMA node")
+    spanning = topology.multi_numa_gpus() if topology else []
+    if spanning:
+        cells = sorted({format_cpu_list(topology.numa_affinity[gpu]) for gpu in spanning})
+        warnings.append(f"{where}{', '.join(spanning)}: NUMA Affinity {', '.join(cells)} spans several NUMA nodes: "
+                        "no single node is reported for their ranks (they are bound to their CPU Affinity only)")
     unbound = [gpu for gpu in gpus[:nproc] if topology and not topology.cpus_of(gpu)]
     if unbound:
         warnings.append(f"no CPU affinity reported for {', '.join(unbound)}: those ranks are not bound to CPUs")
@@ -218,9 +270,18 @@ def make_plan(
         if nccl_debug:
             env["NCCL_DEBUG"] = nccl_debug
     unnamed = topology.unnamed_nics if topology else []
-    if unnamed:
-        warnings.append(f"{_span(unnamed)} {'has' if len(unnamed) == 1 else 'have'} no NIC Legend; pass the whole "
-                        "`nvidia-smi topo -m` output: NCCL_IB_HCA is left unset (NCCL cannot match NICn names)")
+    if unnamed and transport == "unknown":
+        settings = (f"profile {chosen.name}: NCCL's defaults, nothing transport-specific (no NCCL_IB_HCA, no "
+                    "FI_PROVIDER); NCCL picks its network itself" if chosen is UNKNOWN_TRANSPORT_PROFILE
+                    else f"profile {chosen.name} is used as it is, with NCCL_IB_HCA left unset (NCCL cannot "
+                    "match NICn names)")
+        warnings.append(f"{where}{_span(unnamed)} {'has' if len(unnamed) == 1 else 'have'} no NIC Legend, so the "
+                        f"NIC transport is unknown (InfiniBand and AWS EFA machines both print NICn): {settings}; "
+                        f"hint: {NIC_TRANSPORT_HINT}")
+    elif unnamed and transport == "ib":
+        warnings.append(f"{where}{_span(unnamed)} {'has' if len(unnamed) == 1 else 'have'} no NIC Legend: "
+                        "NCCL_IB_HCA is left unset (NCCL cannot match NICn names); hint: pass the whole "
+                        "`nvidia-smi topo -m` output, including its NIC Legend")
     hca = _exact_list(topology.compute_nics()) if topology and not unnamed else ""
     for key, value in chosen.env.items():
         if "{ib_hca}" in value:
@@ -252,6 +313,7 @@ def make_plan(
         "links": {a: dict(row) for a, row in topology.links.items()} if topology else {},
         "numa": {gpu: topology.numa.get(gpu) for gpu in gpus} if topology else {},
         "nics": list(topology.nics) if topology else [],
+        "nic_transport": transport,
         "cpu_affinity": {gpu: format_cpu_list(topology.cpus_of(gpu)) or None for gpu in gpus} if topology else {},
         "gpu_link_types": link_types,
         "pcie_only_view": bool(topology and topology.pcie_only_view),

@@ -52,6 +52,10 @@ class TrainingSettings(StrictModel):
     profile: str = Field("auto", description="NCCL profile name from profiles_file, or auto (from the topology)")
     profiles_file: str | None = Field(None, description="NCCL profiles; null = config/nccl_profiles.yaml")
     backend: Literal["auto", "nccl", "gloo"] = Field("auto", description="auto = nccl with GPUs, else gloo")
+    nic_transport: Literal["auto", "ib", "efa", "none"] = Field(
+        "auto", description="how the NICs carry inter-node traffic; auto = from the topology's NIC names "
+        "(NICn without a NIC Legend: unknown, NCCL defaults)"
+    )
     nproc_per_node: int = Field(0, ge=0, description="processes per node; 0 = one per GPU (2 without GPUs)")
     nnodes: int = Field(1, ge=1, description="nodes in the job")
     max_restarts: int = Field(0, ge=0, description="torchrun restarts of the whole worker group on failure")

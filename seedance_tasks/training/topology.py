@@ -5,7 +5,8 @@ affinity) or space-aligned (tabs expanded), old NIC headers (`mlx5_0`) or new on
 "NIC Legend" mapping them to `mlx5_0`), `N/A` NUMA cells, an extra `GPU NUMA ID` column, and the
 `topo -mp` variant (PCIe paths only: NVLinks are not shown). A file may hold several matrices
 (several machines); `parse_topologies` returns each. Nothing here runs `nvidia-smi` except
-`detect`.
+`detect`. A CPU Affinity, NUMA Affinity or GPU NUMA ID cell that is neither empty, `N/A` nor
+what nvidia-smi prints there is an InputError naming the file, line, GPU and column.
 """
 
 from __future__ import annotations
@@ -28,6 +29,10 @@ _UNNAMED_NIC_RE = re.compile(r"^NIC\d+$")
 # The largest CPU id a CPU Affinity cell may name: far above Linux's largest NR_CPUS (8192), and
 # small enough that a typo such as 0-99999999999 is refused instead of expanded in memory.
 MAX_CPU_ID = 65_535
+# The largest NUMA node id a NUMA Affinity / GPU NUMA ID cell may name: Linux allows at most
+# 1 << NODES_SHIFT nodes, and NODES_SHIFT is at most 10 (x86-64, arm64), so ids run 0..1023
+# (POWER9 GPU memory nodes, 252..255, are the highest seen in practice).
+MAX_NUMA_ID = 1_023
 
 
 def link_rank(link: str) -> int:
@@ -46,27 +51,41 @@ def parse_cpu_list(text: str) -> list[int] | None:
 
     ValueError saying what is wrong for anything else: a part that is not an id or range, a range
     that ends below its start, an id above MAX_CPU_ID."""
+    return _parse_ids(text, MAX_CPU_ID, "CPU")
+
+
+def parse_numa_list(text: str) -> list[int] | None:
+    """A NUMA Affinity cell: `0` -> [0], `0-1` -> [0, 1] (nvidia-smi prints a range where a GPU's
+    memory affinity spans several nodes); empty or `N/A` -> None.
+
+    ValueError saying what is wrong for anything else, as parse_cpu_list: `abc`, `0-x`, a
+    negative id, an id above MAX_NUMA_ID."""
+    return _parse_ids(text, MAX_NUMA_ID, "NUMA node")
+
+
+def _parse_ids(text: str, limit: int, noun: str) -> list[int] | None:
     text = text.strip()
     if not text or text.upper() == "N/A":
         return None
-    cpus: set[int] = set()
+    ids: set[int] = set()
     for part in text.split(","):
         part = part.strip()
         if not part:
             continue
         low, dash, high = part.partition("-")
-        first, last = _cpu_id(low, part), _cpu_id(high, part) if dash else _cpu_id(low, part)
+        first = _id(low, part, limit, noun)
+        last = _id(high, part, limit, noun) if dash else first
         if first > last:
             raise ValueError(f"malformed range {part!r}: it ends below its start")
-        cpus.update(range(first, last + 1))
-    return sorted(cpus) or None
+        ids.update(range(first, last + 1))
+    return sorted(ids) or None
 
 
-def _cpu_id(text: str, part: str) -> int:
+def _id(text: str, part: str, limit: int, noun: str) -> int:
     if not text.isascii() or not text.isdigit():
-        raise ValueError(f"{part!r} is not a CPU id or a range of them")
-    if len(text) > len(str(MAX_CPU_ID)) or int(text) > MAX_CPU_ID:
-        raise ValueError(f"CPU {text} is above {MAX_CPU_ID}, the largest CPU id accepted")
+        raise ValueError(f"{part!r} is not a {noun} id or a range of them")
+    if len(text) > len(str(limit)) or int(text) > limit:
+        raise ValueError(f"{noun} {text} is above {limit}, the largest {noun} id accepted")
     return int(text)
 
 
@@ -86,24 +105,15 @@ def format_cpu_list(cpus: list[int] | None) -> str:
     return ",".join(ranges)
 
 
-def _numa(text: str | None) -> int | None:
-    if text is None:
-        return None
-    text = text.strip()
-    if not text or text.upper() == "N/A":
-        return None
-    try:
-        return int(text)
-    except ValueError:
-        return None
-
-
 @dataclass
 class Topology:
     """One machine: GPUs and NICs (NICs under their real names, e.g. `mlx5_0`), links, affinity.
 
     `links[a][b]` is the link type as printed (`NV12`, `PIX`, `SYS`, `X` on the diagonal).
     `pcie_only_view` is True for `topo -mp` output, where NVLinks are not shown.
+    `numa[gpu]` is the GPU's NUMA node where its NUMA Affinity names exactly one, else None;
+    `numa_affinity[gpu]` is every node the cell names (None for an empty or `N/A` cell).
+    `source` is where the matrix was read from (a file name), for messages.
     """
 
     gpus: list[str]
@@ -115,6 +125,8 @@ class Topology:
     nic_legend: dict[str, str] = field(default_factory=dict)
     pcie_only_view: bool = False
     unnamed_nics: list[str] = field(default_factory=list)  # `NICn` headers the file has no NIC Legend for
+    numa_affinity: dict[str, list[int] | None] = field(default_factory=dict)
+    source: str = ""
 
     def link(self, a: str, b: str) -> str:
         return self.links.get(a, {}).get(b, "")
@@ -127,7 +139,14 @@ class Topology:
 
     @property
     def numa_nodes(self) -> list[int]:
-        return sorted({node for node in self.numa.values() if node is not None})
+        """Every NUMA node a GPU's NUMA Affinity names (empty when every cell is empty or `N/A`)."""
+        nodes = {node for node in self.numa.values() if node is not None}
+        nodes.update(node for listed in self.numa_affinity.values() for node in listed or [])
+        return sorted(nodes)
+
+    def multi_numa_gpus(self) -> list[str]:
+        """The GPUs whose NUMA Affinity names several NUMA nodes (e.g. `0-1`): no single node to bind to."""
+        return [gpu for gpu in self.gpus if len(self.numa_affinity.get(gpu) or []) > 1]
 
     def gpu_link_types(self) -> list[str]:
         """The distinct GPU-GPU link types, best first."""
@@ -173,11 +192,13 @@ class Topology:
             "nics": list(self.nics),
             "links": {a: dict(row) for a, row in self.links.items()},
             "numa": dict(self.numa),
+            "numa_affinity": {gpu: format_cpu_list(nodes) or None for gpu, nodes in self.numa_affinity.items()},
             "cpu_affinity": {gpu: format_cpu_list(cpus) or None for gpu, cpus in self.cpu_affinity.items()},
             "gpu_numa_id": dict(self.gpu_numa_id),
             "nic_legend": dict(self.nic_legend),
             "pcie_only_view": self.pcie_only_view,
             "unnamed_nics": list(self.unnamed_nics),
+            "source": self.source,
         }
 
 
@@ -322,6 +343,31 @@ def _affinity(where: str, label: str, trailing: dict[str, str]) -> list[int] | N
                               f"(ids up to {MAX_CPU_ID})") from None
 
 
+_NUMA_HINT = f"as nvidia-smi prints it, e.g. 0 (or a range such as 0-1), or N/A (ids 0 to {MAX_NUMA_ID})"
+
+
+def _numa_affinity(where: str, label: str, trailing: dict[str, str]) -> list[int] | None:
+    cell = trailing.get("NUMA Affinity", "")
+    try:
+        return parse_numa_list(cell)
+    except ValueError as exc:
+        raise InputError(f"{where}: NUMA Affinity {cell!r} of {label} is not a NUMA node list: {exc}",
+                         hint=f"expected NUMA node ids {_NUMA_HINT}") from None
+
+
+def _gpu_numa_id(where: str, label: str, trailing: dict[str, str]) -> int | None:
+    cell = trailing.get("GPU NUMA ID", "")
+    try:
+        nodes = parse_numa_list(cell)
+        if nodes and (len(nodes) > 1 or "," in cell or "-" in cell):
+            raise ValueError("a GPU's own memory is on one NUMA node, not a list or range")
+    except ValueError as exc:
+        raise InputError(f"{where}: GPU NUMA ID {cell!r} of {label} is not a NUMA node id: {exc}",
+                         hint=f"expected one NUMA node id as nvidia-smi prints it, e.g. 4, or N/A "
+                              f"(ids 0 to {MAX_NUMA_ID})") from None
+    return nodes[0] if nodes else None
+
+
 def _check_symmetric(links: dict[str, dict[str, str]], lines: dict[str, str]) -> None:
     for a, row in links.items():
         for b, link in row.items():
@@ -377,12 +423,15 @@ def _build(matrix: _Matrix, source: str) -> Topology:
                          hint="the matrix looks truncated: pass the whole output of `nvidia-smi topo -m`")
     _check_symmetric(links, lines)
     cpu_affinity = {gpu: _affinity(lines[gpu], gpu, trailing.get(gpu, {})) for gpu in gpus}
-    numa = {gpu: _numa(trailing.get(gpu, {}).get("NUMA Affinity")) for gpu in gpus}
-    gpu_numa_id = {gpu: _numa(trailing.get(gpu, {}).get("GPU NUMA ID")) for gpu in gpus} if "GPU NUMA ID" in extra else {}
+    numa_affinity = {gpu: _numa_affinity(lines[gpu], gpu, trailing.get(gpu, {})) for gpu in gpus}
+    numa = {gpu: nodes[0] if nodes and len(nodes) == 1 else None for gpu, nodes in numa_affinity.items()}
+    gpu_numa_id = ({gpu: _gpu_numa_id(lines[gpu], gpu, trailing.get(gpu, {})) for gpu in gpus}
+                   if "GPU NUMA ID" in extra else {})
     unnamed = [device for device in devices if _UNNAMED_NIC_RE.match(device) and device not in legend]
     has_nvlink = any(cell.startswith("NV") for row in links.values() for cell in row.values())
     pcie_only = matrix.legend_has_nvlink is False and not has_nvlink and len(gpus) > 1
-    return Topology(gpus, nics, links, cpu_affinity, numa, gpu_numa_id, legend, pcie_only, unnamed)
+    return Topology(gpus, nics, links, cpu_affinity, numa, gpu_numa_id, legend, pcie_only, unnamed,
+                    numa_affinity, source)
 
 
 def parse_topologies(text: str, source: str = "<topology>") -> list[Topology]:

@@ -288,3 +288,39 @@ def test_cli_health_profile_without_figures_says_so(tmp_path):
     assert "profile 'cpu-gloo' has no expected bus bandwidth figures" in verdict["cause"]
     with_link = _health_cli(tmp_path, "--profile", "cpu-gloo", "--link", "NV18")
     assert with_link.exit_code == 2 and "no expected_busbw_gbps figures" in with_link.output
+
+
+def _srun_labelled(text: str, tasks: tuple[int, ...] = (3, 12, 0, 15, 7, 10)) -> str:
+    """`text` as `srun --label` prints it for a 16-task job: each output line behind the id of the
+    task that wrote it, right-aligned to the widest id (` 3: `, `12: `); the sample's own
+    `# source:` note is left as it is."""
+    width, out, labelled = len(str(max(tasks))), [], 0
+    for line in text.splitlines(keepends=True):
+        if not line.startswith("# source:"):
+            line, labelled = f"{tasks[labelled % len(tasks)]:>{width}}: {line}", labelled + 1
+        out.append(line)
+    return "".join(out)
+
+
+@pytest.mark.parametrize("name", sorted(path.name for path in LOGS.iterdir()))
+def test_srun_label_prefixes_parse_as_the_unlabelled_log(name):
+    plain = (LOGS / name).read_text()
+    labelled = _srun_labelled(plain)
+    assert " 3: " in labelled and "\n12: " in labelled
+    assert health.parse_nccl_log(labelled) == health.parse_nccl_log(plain)
+    assert health.parse_nccl_tests(labelled) == health.parse_nccl_tests(plain)
+    assert health.report(labelled) == health.report(plain)
+
+
+def test_srun_labels_in_front_of_other_launcher_prefixes_and_a_failure_summary():
+    sweep = _full_sweep("[1,0]<stdout>:")
+    assert health.report(_srun_labelled(sweep), expected_busbw=450) == health.report(sweep, expected_busbw=450)
+    assert len(health.report(_srun_labelled(sweep))["bandwidth"]["rows"]) == 12
+    labelled = health.report(_srun_labelled(FAILURE, tasks=(0, 1)))
+    assert labelled == health.report(FAILURE) and labelled["failures"][0]["rank"] == 1
+
+
+def test_only_the_exact_srun_label_is_taken_off_a_line():
+    lines = ["0: 12: kept", "  7: x", "12:34:56 NCCL INFO a", "node1: NCCL INFO b", "0:node1:1:1 [0] NCCL INFO c",
+             "\t0: tab", "x0: y", "0:  two spaces"]
+    assert health._lines("\n".join(lines)) == ["12: kept", "x", *lines[2:7], " two spaces"]

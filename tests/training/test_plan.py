@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from seedance_tasks.cli import app
 from seedance_tasks.errors import ConfigError, UsageError
 from seedance_tasks.training import envvars
-from seedance_tasks.training.plan import apply_rank_binding, load_profiles, make_plan
+from seedance_tasks.training.plan import apply_rank_binding, load_profiles, make_plan, nic_transport_of
 from seedance_tasks.training.topology import parse_topologies
 from tests.conftest import DATA
 
@@ -177,15 +177,98 @@ def test_detect_without_nvidia_smi_says_what_to_do():
     assert "nvidia-smi" in result.output and "--topology" in result.output
 
 
-def test_nic_headers_without_a_legend_leave_nccl_ib_hca_unset_with_a_warning():
-    della = TOPO / "h100_8gpu_nv18_6nic_niclegend_empty_affinity_della.txt"
-    topo = parse_topologies("".join(della.read_text().splitlines(keepends=True)[:16]), "della_nolegend.txt")[0]
+DELLA = TOPO / "h100_8gpu_nv18_6nic_niclegend_empty_affinity_della.txt"
+
+
+def _della_without_legend() -> str:
+    """The della H100 matrix as `head -n 16` leaves it: NIC0..NIC5 columns, no Legend, no NIC Legend."""
+    return "".join(DELLA.read_text().splitlines(keepends=True)[:16])
+
+
+def test_nic_headers_without_a_legend_are_an_unknown_transport_not_infiniband():
+    # an InfiniBand machine (della, mlx5) and an AWS EFA machine print the same NIC0..NICn without
+    # their NIC Legend: nothing in the matrix tells them apart, so no transport is assumed
+    topo = parse_topologies(_della_without_legend(), "della_nolegend.txt")[0]
+    assert nic_transport_of(topo) == "unknown"
     plan = make_plan(topo, nodes=2, rdzv_endpoint="n0:29500")
-    assert plan["profile"]["name"] == "ib-multi-node"
-    assert "NCCL_IB_HCA" not in plan["env"]
-    assert all("NCCL_IB_HCA" not in rank["env"] for rank in plan["ranks"])
-    assert any(warning.startswith("NIC0..NIC5 have no NIC Legend; pass the whole `nvidia-smi topo -m` output")
-               for warning in plan["warnings"])
+    assert plan["nic_transport"] == "unknown"
+    assert plan["profile"]["name"] == "nccl-defaults" and "nics=unknown" in plan["profile"]["why"]
+    transport_vars = {"NCCL_IB_HCA", "FI_PROVIDER", "FI_EFA_USE_DEVICE_RDMA", "NCCL_NET"}
+    assert not transport_vars & set(plan["env"])
+    assert all(not transport_vars & set(rank["env"]) for rank in plan["ranks"])
+    assert plan["env"]["NCCL_DEBUG"] == "INFO"  # the health settings every nccl profile gets stay
+    [warning] = [item for item in plan["warnings"] if "NIC Legend" in item]
+    assert warning.startswith("della_nolegend.txt: NIC0..NIC5 have no NIC Legend, so the NIC transport is unknown")
+    assert "NCCL's defaults, nothing transport-specific" in warning
+    assert "hint: pass the whole output of `nvidia-smi topo -m`, including its NIC Legend" in warning
+    assert "--nic-transport ib|efa|none" in warning
+    single = make_plan(topo, nodes=1)  # one node: the NVLink profile, which sets nothing for the NICs
+    assert single["profile"]["name"] == "nvlink-single-node" and "NCCL_IB_HCA" not in single["env"]
+    assert any(item.startswith("della_nolegend.txt: NIC0..NIC5 have no NIC Legend, so the NIC transport is unknown")
+               for item in single["warnings"])
+
+
+def test_the_nic_transport_can_be_named_when_the_topology_cannot_tell():
+    topo = parse_topologies(_della_without_legend(), "della_nolegend.txt")[0]
+    ib = make_plan(topo, nodes=2, rdzv_endpoint="n0:29500", nic_transport="ib")
+    assert ib["profile"]["name"] == "ib-multi-node" and ib["nic_transport"] == "ib"
+    assert "NCCL_IB_HCA" not in ib["env"]  # NCCL cannot match NICn names
+    assert any(item.startswith("della_nolegend.txt: NIC0..NIC5 have no NIC Legend: NCCL_IB_HCA is left unset")
+               for item in ib["warnings"])
+    efa = make_plan(topo, nodes=2, rdzv_endpoint="n0:29500", nic_transport="efa")
+    assert efa["profile"]["name"] == "aws-efa" and efa["env"]["FI_PROVIDER"] == "efa"
+    assert not any("NIC Legend" in item for item in efa["warnings"])
+    with pytest.raises(UsageError) as caught:
+        make_plan(topo, nodes=2, rdzv_endpoint="n0:29500", nic_transport="infiniband")
+    assert "unknown NIC transport 'infiniband'" in caught.value.message and "efa" in caught.value.hint
+
+
+def test_a_nic_legend_still_decides_the_transport():
+    full = parse_topologies(DELLA.read_text(), DELLA.name)[0]
+    assert nic_transport_of(full) == "ib"
+    plan = make_plan(full, nodes=2, rdzv_endpoint="n0:29500")
+    assert plan["profile"]["name"] == "ib-multi-node" and plan["env"]["NCCL_IB_HCA"].startswith("=mlx5_0")
+    assert not any("NIC Legend" in item for item in plan["warnings"])
+    # EFA devices under their names (rdmapNsM) are EFA, with or without --nic-transport
+    efa_names = DELLA.read_text().replace(": mlx5_", ": rdmap1s")
+    assert nic_transport_of(parse_topologies(efa_names, "efa.txt")[0]) == "efa"
+    assert nic_transport_of(None) == "none"
+    assert make_plan(None, nodes=2, rdzv_endpoint="n0:29500")["nic_transport"] == "none"
+
+
+def test_cli_plan_without_a_nic_legend_warns_with_a_hint_and_takes_nic_transport(tmp_path):
+    path = tmp_path / "nolegend.txt"
+    path.write_text(_della_without_legend())
+    runner = CliRunner()
+    base = ["train", "plan", "--topology", str(path), "--nodes", "2", "--rdzv-endpoint", "n0:29500"]
+    shown = runner.invoke(app, base)
+    assert shown.exit_code == 0, shown.output
+    assert f"warning: {path}: NIC0..NIC5 have no NIC Legend, so the NIC transport is unknown" in shown.output
+    assert "\n  hint: pass the whole output of `nvidia-smi topo -m`, including its NIC Legend" in shown.output
+    assert json.loads(runner.invoke(app, [*base, "--json"]).stdout)["profile"]["name"] == "nccl-defaults"
+    named = json.loads(runner.invoke(app, [*base, "--nic-transport", "efa", "--json"]).stdout)
+    assert named["profile"]["name"] == "aws-efa" and named["nic_transport"] == "efa"
+    refused = runner.invoke(app, [*base, "--nic-transport", "roce"])
+    assert refused.exit_code == 2 and "unknown NIC transport 'roce'" in refused.output
+    assert "hint:" in refused.output and "Traceback" not in refused.output
+
+
+def test_the_fallback_profile_can_be_named_again():
+    # the DAG's launch task re-plans with the profile its plan task chose
+    topo = parse_topologies(_della_without_legend(), "della_nolegend.txt")[0]
+    again = make_plan(topo, nodes=2, rdzv_endpoint="n0:29500", profile="nccl-defaults")
+    assert again["profile"]["name"] == "nccl-defaults" and "NCCL_IB_HCA" not in again["env"]
+
+
+def test_numa_affinity_spanning_nodes_is_reported_in_the_plan():
+    a100 = TOPO / "a100_8gpu_nv12_2numa_spaces_nonic.txt"
+    lines = a100.read_text().splitlines(keepends=True)
+    lines[3] = lines[3].replace("0-23         0", "0-23         0-1")
+    plan = make_plan(parse_topologies("".join(lines), "a100.txt")[0])
+    assert plan["numa"]["GPU0"] is None and plan["numa"]["GPU1"] == 0
+    assert any(item.startswith("a100.txt: GPU0: NUMA Affinity 0-1 spans several NUMA nodes")
+               for item in plan["warnings"])
+    assert not any("no NUMA affinity reported" in item for item in plan["warnings"])
 
 
 def test_cli_plan_on_a_malformed_affinity_cell_is_an_error_line_not_an_internal_error(tmp_path):
@@ -196,3 +279,15 @@ def test_cli_plan_on_a_malformed_affinity_cell_is_an_error_line_not_an_internal_
     assert result.exit_code == 1, result.output
     assert f"error: {bad}:4: CPU Affinity '0-2x3' of GPU0 is not a CPU list" in result.output
     assert "hint:" in result.output and "unexpected" not in result.output
+
+
+@pytest.mark.parametrize("cell", ["0-x", "abc", "-1", "4096"])
+def test_cli_plan_on_a_malformed_numa_cell_is_an_error_line_not_an_internal_error(tmp_path, cell):
+    source = (TOPO / "a100_8gpu_nv12_2numa_spaces_nonic.txt").read_text()
+    bad = tmp_path / "a100.txt"
+    bad.write_text(source.replace("0-23         0", f"0-23         {cell}", 1))
+    result = CliRunner().invoke(app, ["train", "plan", "--topology", str(bad)])
+    assert result.exit_code == 1, result.output
+    text = " ".join(result.output.split())
+    assert f"error: {bad}:4: NUMA Affinity '{cell}' of GPU0 is not a NUMA node list" in text
+    assert "hint:" in result.output and "Traceback" not in result.output and "unexpected" not in result.output

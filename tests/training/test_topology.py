@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 
 from seedance_tasks.errors import InputError, UsageError
-from seedance_tasks.training.topology import format_cpu_list, parse_cpu_list, parse_topologies, parse_topology
+from seedance_tasks.training.topology import (
+    format_cpu_list,
+    parse_cpu_list,
+    parse_numa_list,
+    parse_topologies,
+    parse_topology,
+)
 from tests.conftest import DATA
 
 TOPO = DATA / "training" / "topo"
@@ -183,6 +189,15 @@ def test_a_malformed_cpu_affinity_cell_names_file_line_and_gpu(cell, reason):
     assert reason in caught.value.message and caught.value.hint
 
 
+def test_numa_lists_are_checked_and_bounded_like_cpu_lists():
+    assert parse_numa_list("0") == [0] and parse_numa_list("0-1,3") == [0, 1, 3]
+    assert parse_numa_list("N/A") is None and parse_numa_list(" ") is None
+    assert parse_numa_list("1023") == [1023]
+    for bad in ("1-", "-3", "a", "1-2-3", "٣", "1024"):
+        with pytest.raises(ValueError):
+            parse_numa_list(bad)
+
+
 def test_cpu_list_parts_are_checked_and_bounded():
     assert parse_cpu_list("3,1-2,2") == [1, 2, 3]
     assert parse_cpu_list("0-65535")[-1] == 65535
@@ -218,3 +233,45 @@ def test_nic_headers_without_a_legend_are_reported_unnamed():
     topo = parse_topology(head, "della_nolegend.txt")
     assert topo.unnamed_nics == [f"NIC{i}" for i in range(6)]
     assert load(DELLA).unnamed_nics == []
+
+
+@pytest.mark.parametrize("cell, reason", [
+    ("0-x", "'0-x' is not a NUMA node id or a range of them"),
+    ("abc", "'abc' is not a NUMA node id or a range of them"),
+    ("-1", "'-1' is not a NUMA node id or a range of them"),
+    ("1-0", "malformed range '1-0'"),
+    ("1024", "NUMA node 1024 is above 1023"),
+    ("99999999999", "NUMA node 99999999999 is above 1023"),
+])
+def test_a_malformed_numa_affinity_cell_names_file_line_gpu_and_column(cell, reason):
+    with pytest.raises(InputError) as caught:
+        parse_topology(_a100_line(4, "0-23         0", f"0-23         {cell}"), "a100.txt")
+    assert caught.value.message.startswith(f"a100.txt:4: NUMA Affinity '{cell}' of GPU0 is not a NUMA node list")
+    assert reason in caught.value.message, caught.value.message
+    assert "N/A" in caught.value.hint and "1023" in caught.value.hint
+
+
+@pytest.mark.parametrize("cell, reason", [
+    ("x1", "'x1' is not a NUMA node id"), ("2000", "NUMA node 2000 is above 1023"), ("4-5", "not a list or range"),
+])
+def test_a_malformed_gpu_numa_id_cell_names_file_line_gpu_and_column(cell, reason):
+    lines = (TOPO / DELLA).read_text().splitlines(keepends=True)
+    assert lines[2].startswith("GPU0\t") and lines[2].endswith("\tN/A\n")
+    lines[2] = lines[2][: -len("N/A\n")] + cell + "\n"
+    with pytest.raises(InputError) as caught:
+        parse_topology("".join(lines), "della.txt")
+    assert caught.value.message.startswith(f"della.txt:3: GPU NUMA ID '{cell}' of GPU0 is not a NUMA node id")
+    assert reason in caught.value.message and caught.value.hint
+
+
+def test_numa_affinity_n_a_and_ranges_are_kept_not_refused():
+    # nvidia-smi prints a range where a GPU's memory affinity spans nodes (seen on a dual-socket Xeon
+    # E5 board: `NUMA Affinity 0-1`); N/A where the machine reports none
+    spanning = parse_topology(_a100_line(4, "0-23         0", "0-23         0-1"), "a100.txt")
+    assert spanning.numa_affinity["GPU0"] == [0, 1] and spanning.numa["GPU0"] is None
+    assert spanning.multi_numa_gpus() == ["GPU0"] and spanning.numa["GPU1"] == 0
+    assert spanning.to_dict()["numa_affinity"]["GPU0"] == "0-1"
+    na = parse_topology(_a100_line(4, "0-23         0", "0-23         N/A"), "a100.txt")
+    assert na.numa["GPU0"] is None and na.numa_affinity["GPU0"] is None and na.multi_numa_gpus() == []
+    assert load(A100).numa_affinity == {gpu: [0] if int(gpu[3]) < 4 else [1] for gpu in GPUS8}
+    assert load(A100).source == A100
