@@ -14,7 +14,8 @@ is idempotent, so a crash during recovery is recovered by the next attempt in tu
 never overwritten: `begin` refuses an id that exists, so each attempt names its own journal and
 files, and a new attempt first recovers the journals of the attempts before it.
 
-Journals are untrusted input: `load` validates every field and confines every path to its root;
+Journals are untrusted input: `load` validates every field and confines every path to its root
+(no `..`, no absolute path, and on local disk no symlink below the root on the way to the file);
 a journal that fails is moved to `_seedance/quarantine/journals/` and reported, never obeyed.
 Files under other roots (tier locations) are retired only when their root is one the caller
 trusts (`external_roots`).
@@ -126,8 +127,8 @@ class Journal:
         """
         journal = cls(root, _check_id(run_id, "journal id"), kind, [], [], WRITING, dict(meta or {}),
                       trash_id, [], prune_empty_dirs)
-        journal.publishes = [_publish_entry(item, f"journal {run_id}") for item in publishes]
-        journal.retires = [storage.confine(rel, what=f"journal {run_id} retires") for rel in retires]
+        journal.publishes = [_publish_entry(item, f"journal {run_id}", root) for item in publishes]
+        journal.retires = [storage.confine(rel, what=f"journal {run_id} retires", root=root) for rel in retires]
         journal.external = [_external_entry(item, f"journal {run_id}") for item in external or []]
         if find(root, run_id) is not None:
             raise IntegrityError(
@@ -143,7 +144,7 @@ class Journal:
         if self.state != WRITING:
             raise ValueError(f"journal {self.run_id} is {self.state}; files are added while writing")
         self.publishes.append(_publish_entry({"staged": staged, "final": final, "replace": replace},
-                                             f"journal {self.run_id}"))
+                                             f"journal {self.run_id}", self.root))
         self._save()
 
     def commit(self, *, external_roots: Collection[str] = ()) -> None:
@@ -165,7 +166,8 @@ class Journal:
         self._roll_forward(external_roots)
 
     def check_external(self, external_roots: Collection[str]) -> None:
-        """IntegrityError unless every external retire lies under one of the trusted roots."""
+        """IntegrityError unless every external retire lies under one of the trusted roots, and
+        (on local disk) reaches its file without passing through a symlink below that root."""
         trusted = {_normal_root(uri) for uri in external_roots}
         for item in self.external:
             if _normal_root(item["root"]) not in trusted:
@@ -174,6 +176,9 @@ class Journal:
                     "which is not one of this store's configured locations; refused",
                     hint="the journal was edited by someone else; move it away, nothing was changed",
                 )
+            if not item["root"].startswith("s3://"):
+                storage.refuse_symlinks(storage.resolve(item["root"]), item["rel"],
+                                        what=f"journal {self.root.uri_of(self.path)} external.rel")
 
     def _roll_forward(self, external_roots: Collection[str]) -> None:
         self.check_external(external_roots)  # refuse before anything moves
@@ -247,13 +252,14 @@ def _normal_root(uri: str) -> str:
     return storage.resolve(uri).uri.rstrip("/")
 
 
-def _publish_entry(item: Any, what: str) -> dict[str, Any]:
+def _publish_entry(item: Any, what: str, root: Location) -> dict[str, Any]:
     if not isinstance(item, dict) or not isinstance(item.get("staged"), str) or not isinstance(item.get("final"), str):
         raise IntegrityError(f"{what}: a publish entry must be {{'staged': path, 'final': path}}, got {item!r}")
-    staged = storage.confine(item["staged"], what=f"{what} publishes.staged")
+    staged = storage.confine(item["staged"], what=f"{what} publishes.staged", root=root)
     if not storage.is_hidden(staged):
         raise IntegrityError(f"{what}: staged file {staged!r} is not hidden (`_`/`.` prefix); refused")
-    entry: dict[str, Any] = {"staged": staged, "final": storage.confine(item["final"], what=f"{what} publishes.final")}
+    entry: dict[str, Any] = {"staged": staged,
+                             "final": storage.confine(item["final"], what=f"{what} publishes.final", root=root)}
     if item.get("replace"):
         entry["replace"] = True
     return entry
@@ -296,8 +302,8 @@ def load(root: Location, path: str) -> Journal:
             raise IntegrityError(f"journal {where}: {name} must be a list")
     return Journal(
         root, run_id, kind,
-        [_publish_entry(item, f"journal {where}") for item in lists["publishes"]],
-        [storage.confine(rel, what=f"journal {where} retires") for rel in lists["retires"]],
+        [_publish_entry(item, f"journal {where}", root) for item in lists["publishes"]],
+        [storage.confine(rel, what=f"journal {where} retires", root=root) for rel in lists["retires"]],
         state, meta, trash_id,
         [_external_entry(item, f"journal {where}") for item in lists["external"]],
         bool(data.get("prune_empty_dirs", False)),

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import secrets
 import socket
@@ -29,7 +30,7 @@ from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
 
 from seedance_tasks import faults, storage
-from seedance_tasks.errors import IntegrityError, SeedanceError
+from seedance_tasks.errors import ConfigError, IntegrityError, SeedanceError
 from seedance_tasks.storage import Location
 
 log = logging.getLogger(__name__)
@@ -78,28 +79,97 @@ class LeaseRecord:
 
     @classmethod
     def from_bytes(cls, raw: bytes, where: str) -> LeaseRecord:
-        """Parse a lease record; a damaged one is IntegrityError naming the file and field."""
+        """Parse a lease record, untrusted: IntegrityError naming the file `where` and the key
+        unless every field is sound (strings bounded, pid a positive process id, times ISO and
+        the heartbeat not in the future, ttl_s a finite number of seconds in (0, MAX_TTL_S]), so
+        that a damaged record can neither crash a run nor hold a lake forever."""
+        if len(raw) > _MAX_RECORD_BYTES:
+            raise _damaged(where, f"is {len(raw):,} bytes, not a lease record (a few hundred bytes)")
         try:
             data = json.loads(raw)
-            record = cls(
-                name=str(data["name"]), holder=str(data["holder"]), purpose=str(data.get("purpose", "")),
-                host=str(data.get("host", "?")), pid=int(data.get("pid", 0)),
-                acquired_at=_parse_time(data["acquired_at"]), heartbeat_at=_parse_time(data["heartbeat_at"]),
-                ttl_s=float(data["ttl_s"]), token=str(data["token"]), pid_bound=bool(data.get("pid_bound", True)),
-            )
-        except (ValueError, KeyError, TypeError) as exc:
-            raise IntegrityError(
-                f"lease record {where} is damaged ({type(exc).__name__}: {exc})",
-                hint="if no run is working on this dataset, move the file away and run again",
-            ) from None
-        if record.ttl_s <= 0:
-            raise IntegrityError(f"lease record {where}: ttl_s must be positive, got {record.ttl_s}")
-        return record
+        except (ValueError, RecursionError) as exc:
+            raise _damaged(where, f"is not valid JSON ({_first_line(exc)})") from None
+        if not isinstance(data, dict):
+            raise _damaged(where, "must hold a JSON object")
+        heartbeat_at, ttl_s = _field_time(data, "heartbeat_at", where), _field_ttl(data, where)
+        if (heartbeat_at - datetime.now(UTC)).total_seconds() > ttl_s + _CLOCK_SKEW_S:
+            raise _damaged(where, f"heartbeat_at {heartbeat_at.isoformat()} is more than its TTL ahead of "
+                                  "this host's clock (a lease dated ahead would outlive its holder)")
+        pid_bound = data.get("pid_bound", True)
+        if not isinstance(pid_bound, bool):
+            raise _damaged(where, f"pid_bound must be true or false, got {pid_bound!r:.80}")
+        return cls(
+            name=_field_text(data, "name", where), holder=_field_text(data, "holder", where),
+            purpose=_field_text(data, "purpose", where, default=""), host=_field_text(data, "host", where, default="?"),
+            pid=_field_pid(data, where), acquired_at=_field_time(data, "acquired_at", where),
+            heartbeat_at=heartbeat_at, ttl_s=ttl_s, token=_field_text(data, "token", where),
+            pid_bound=pid_bound,
+        )
 
     def describe(self) -> str:
         return (f"{self.holder} ({self.purpose or 'no purpose given'}) on host {self.host}, pid {self.pid}, "
                 f"since {self.acquired_at.isoformat(timespec='seconds')}, "
                 f"last heartbeat {self.heartbeat_at.isoformat(timespec='seconds')}")
+
+
+MAX_TTL_S = 7 * 86400.0
+"""The longest TTL a lease record may carry: longer is taken for damage (it would hold a lake for weeks)."""
+MAX_PID = 2**31 - 1  # pid_t is a signed 32-bit integer on Linux and macOS
+_MAX_TEXT = 4096
+_CLOCK_SKEW_S = 300.0  # how far another host's clock may run ahead of ours
+_MAX_RECORD_BYTES = 64 * 1024
+_DAMAGED_HINT = "if no run is working on this dataset, move the file away and run again"
+
+
+def _damaged(where: str, problem: str) -> IntegrityError:
+    return IntegrityError(f"lease record {where}: {problem}", hint=_DAMAGED_HINT)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0][:200] if text else type(exc).__name__
+
+
+def _field_text(data: dict, key: str, where: str, *, default: str | None = None) -> str:
+    value = data.get(key, default)
+    if value is None:
+        raise _damaged(where, f"{key} is missing")
+    if not isinstance(value, str) or (default is None and not value) or len(value) > _MAX_TEXT:
+        raise _damaged(where, f"{key} must be a {'non-empty ' if default is None else ''}string of at most "
+                              f"{_MAX_TEXT} characters, got {value!r:.80}")
+    return value
+
+
+def _field_pid(data: dict, where: str) -> int:
+    value = data.get("pid", 0)  # 0: unknown (an old record), only the TTL decides
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_PID or (
+            "pid" in data and value == 0):
+        raise _damaged(where, f"pid must be a process id from 1 to {MAX_PID}, got {value!r:.80}")
+    return value
+
+
+def _field_time(data: dict, key: str, where: str) -> datetime:
+    value = data.get(key)
+    if value is None:
+        raise _damaged(where, f"{key} is missing")
+    try:
+        if not isinstance(value, str) or len(value) > 64:
+            raise ValueError
+        return _parse_time(value)
+    except ValueError:
+        raise _damaged(where, f"{key} must be an ISO 8601 time such as 2026-01-01T00:00:00+00:00, "
+                              f"got {value!r:.80}") from None
+
+
+def _field_ttl(data: dict, where: str) -> float:
+    value = data.get("ttl_s")
+    if value is None:
+        raise _damaged(where, "ttl_s is missing")
+    if (not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value)
+            or not 0 < value <= MAX_TTL_S):
+        raise _damaged(where, f"ttl_s must be a number of seconds above 0 and at most {MAX_TTL_S:.0f} "
+                              f"(7 days), got {value!r:.80}")
+    return float(value)
 
 
 def _alive(pid: int) -> bool:
@@ -322,7 +392,12 @@ def acquire(root: Location, name: str, *, holder: str, purpose: str, ttl_s: floa
     holder to finish. `detached=True` makes the lease outlive this process until its TTL (a DAG
     task that hands it to the next task of its run); else it dies with the process.
     """
+    configured = ttl_s is None
     ttl_s = default_ttl() if ttl_s is None else float(ttl_s)
+    if not (math.isfinite(ttl_s) and 0 < ttl_s <= MAX_TTL_S):
+        raise ConfigError(f"{'storage.lease_ttl' if configured else 'lease TTL'} {ttl_s:g} s is not between "
+                          f"0 and {MAX_TTL_S:.0f} s (7 days)",
+                          hint="set storage.lease_ttl in config/seedance.yaml to at most 7d (10m is the default)")
     backend = _backend(root, name)
     deadline = time.monotonic() + max(wait_s, 0.0)
     where = root.uri_of(root.join(storage.LEASE_DIR, f"{name}.json"))

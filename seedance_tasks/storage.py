@@ -13,6 +13,7 @@ import json
 import os
 import posixpath
 import secrets
+import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -258,11 +259,16 @@ def list_files(location: Location, *, include_hidden: bool = False) -> list[pafs
     return list_tree(location, include_hidden=include_hidden).files
 
 
-def confine(relative_path: str, *, what: str) -> str:
+_CONFINE_HINT = "the file was edited or damaged by someone else; restore it from the trash or remove it"
+
+
+def confine(relative_path: str, *, what: str, root: Location | None = None) -> str:
     """`relative_path` normalised, if it stays below its root; else IntegrityError naming `what`.
 
-    Refused: absolute paths, `..` components, empty paths, NUL bytes, backslashes. Metadata
-    (manifests, journals, plans) is untrusted input: every path it names goes through here.
+    Refused: absolute paths, `..` components, empty paths, NUL bytes, backslashes. With `root`
+    (on local disk), also a path that passes through a symlink below `root` (see
+    `refuse_symlinks`). Metadata (manifests, journals, plans) is untrusted input: every path it
+    names goes through here.
     """
     text = relative_path if isinstance(relative_path, str) else None
     problem = None
@@ -277,11 +283,37 @@ def confine(relative_path: str, *, what: str) -> str:
         if not parts or ".." in parts:
             problem = "a `..` component" if parts else "an empty path"
         else:
-            return "/".join(parts)
-    raise IntegrityError(
-        f"{what}: path {relative_path!r} is {problem}, which would leave its root; refused",
-        hint="the file was edited or damaged by someone else; restore it from the trash or remove it",
-    )
+            normal = "/".join(parts)
+            if root is not None:
+                refuse_symlinks(root, normal, what=what)
+            return normal
+    raise IntegrityError(f"{what}: path {relative_path!r} is {problem}, which would leave its root; refused",
+                         hint=_CONFINE_HINT)
+
+
+def refuse_symlinks(root: Location, relative_path: str, *, what: str) -> None:
+    """IntegrityError naming `what` if any component of `relative_path` below `root` is a symlink.
+
+    Local disk only (S3 has no symlinks). `root` itself may be reached through a symlink; what
+    lies below it may not, so a path named by metadata never leads out of its root the way a
+    listing never follows a link. Components that do not exist (yet) are fine: nothing below
+    them can be a link. `relative_path` must already be confined (`confine`).
+    """
+    if root.is_s3:
+        return
+    current = root.path
+    for part in relative_path.split("/"):
+        current = os.path.join(current, part)
+        try:
+            mode = os.lstat(current).st_mode
+        except (FileNotFoundError, NotADirectoryError):
+            return
+        if stat.S_ISLNK(mode):
+            raise IntegrityError(
+                f"{what}: path {relative_path!r} passes through the symlink {current}, which may lead "
+                f"out of {root.uri}; refused (symlinks below a root are never followed)",
+                hint=_CONFINE_HINT,
+            )
 
 
 def read_bytes(fs: pafs.FileSystem, path: str) -> bytes:

@@ -9,11 +9,13 @@ Hidden files (`_`/`.` prefix) are not data.
 from __future__ import annotations
 
 import posixpath
+import re
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
+from typing import Any
 
 from seedance_tasks import storage
-from seedance_tasks.errors import RefusedError
+from seedance_tasks.errors import IntegrityError, RefusedError, SeedanceError
 from seedance_tasks.storage import Location
 
 PARQUET_SUFFIXES = (".parquet", ".parq", ".pq")
@@ -56,11 +58,102 @@ class CompactionPlan:
 
     @classmethod
     def from_json(cls, data: dict) -> CompactionPlan:
+        """The plan `to_json` wrote, as it is (trusted input; a stored plan goes through `validated`)."""
         partitions = [
             PartitionPlan(item["partition"], [SourceFile(**source) for source in item["files"]])
             for item in data["partitions"]
         ]
         return cls(data["run_id"], data["uri"], partitions, data["skipped"], data["files_listed"])
+
+
+PLAN_HINT = ("the plan file was edited or damaged; nothing was changed. Move it away and start a new DAG "
+             "run: its plan task writes a fresh plan")
+_RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._=-]{0,199}$")
+
+
+def _refuse(where: str, key: str, problem: str) -> IntegrityError:
+    return IntegrityError(f"plan {where}: {key} {problem}; refused", hint=PLAN_HINT)
+
+
+def _confined(value: Any, root: Location, where: str, key: str) -> str:
+    try:
+        return storage.confine(value, what=f"plan {where} {key}", root=root)
+    except IntegrityError as exc:
+        raise IntegrityError(exc.message, hint=PLAN_HINT) from None
+
+
+def _count(value: Any, where: str, key: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise _refuse(where, key, f"must be a whole number >= 0, got {value!r:.80}")
+    return value
+
+
+def validated(data: Any, root: Location, where: str) -> CompactionPlan:
+    """A plan read from storage (untrusted), checked key by key; IntegrityError naming `where`
+    (the plan file) and the key otherwise.
+
+    Guarantees: the plan is for `root` (its `uri`), its run id is a plain id, and every file it
+    names is a visible Parquet file of its partition, below `root`, reached without passing
+    through a symlink (local disk), and named once: compacting it can neither leave the lake nor
+    read a file twice.
+    """
+    if not isinstance(data, dict):
+        raise _refuse(where, "the file", "must hold an object")
+    run_id = data.get("run_id")
+    if not isinstance(run_id, str) or not _RUN_ID.match(run_id) or ".." in run_id:
+        raise _refuse(where, "run_id", f"{run_id!r:.80} is not a run id (letters, digits, . _ = -)")
+    uri = data.get("uri")
+    if not isinstance(uri, str) or _normal_uri(uri) != root.uri.rstrip("/"):
+        raise _refuse(where, "uri", f"{uri!r:.200} is not the dataset the plan is stored in ({root.uri})")
+    partitions_data = data.get("partitions")
+    if not isinstance(partitions_data, list):
+        raise _refuse(where, "partitions", "must be a list")
+    partitions, seen = [], set()
+    for number, item in enumerate(partitions_data):
+        key = f"partitions[{number}]"
+        if not isinstance(item, dict) or not isinstance(item.get("files"), list):
+            raise _refuse(where, key, "must be an object with a `files` list")
+        partition = item.get("partition")
+        if partition != "":
+            partition = _confined(partition, root, where, f"{key}.partition")
+            if storage.is_hidden(partition):
+                raise _refuse(where, f"{key}.partition", f"{partition!r} is hidden (`_`/`.` prefix), not data")
+        files = []
+        for index, source in enumerate(item["files"]):
+            file_key = f"{key}.files[{index}]"
+            if not isinstance(source, dict) or set(source) - {"path", "size", "mtime"}:
+                raise _refuse(where, file_key, "must be an object with `path`, `size`, `mtime`")
+            path = _confined(source.get("path"), root, where, f"{file_key}.path")
+            if posixpath.dirname(path) != partition:
+                raise _refuse(where, f"{file_key}.path", f"{path!r} is not a file of partition {partition!r}")
+            if storage.is_hidden(path) or not _is_parquet(path):
+                raise _refuse(where, f"{file_key}.path", f"{path!r} is not a visible Parquet file")
+            if path in seen:
+                raise _refuse(where, f"{file_key}.path", f"{path!r} is named twice (its rows would be doubled)")
+            seen.add(path)
+            mtime = source.get("mtime")
+            if mtime is not None and not isinstance(mtime, str):
+                raise _refuse(where, f"{file_key}.mtime", "must be an ISO time or null")
+            files.append(SourceFile(path, _count(source.get("size"), where, f"{file_key}.size"), mtime))
+        if not files:
+            raise _refuse(where, f"{key}.files", "is empty")
+        partitions.append(PartitionPlan(partition, files))
+    skipped = data.get("skipped", [])
+    if not isinstance(skipped, list) or not all(
+            isinstance(entry, dict) and all(isinstance(value, str) for value in entry.values()) for entry in skipped):
+        raise _refuse(where, "skipped", "must be a list of {partition, reason} objects")
+    return CompactionPlan(run_id, root.uri, partitions, skipped,
+                          _count(data.get("files_listed", 0), where, "files_listed"))
+
+
+def _normal_uri(uri: str) -> str:
+    """`uri` as `Location.uri` prints it, without creating a filesystem (no S3 client)."""
+    if uri.startswith("s3://"):
+        return "s3://" + uri[len("s3://"):].strip("/")
+    try:
+        return storage.resolve(uri).uri.rstrip("/")
+    except SeedanceError:  # not a URI Seedance reads: not this dataset's either
+        return uri
 
 
 def detect_table_format(root: Location, listing) -> None:

@@ -9,6 +9,7 @@ run from its plan task to its purge task (every task and retry of one DAG run is
 from __future__ import annotations
 
 import os
+import posixpath
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, as_completed
@@ -20,10 +21,10 @@ import pyarrow.fs as pafs
 
 from seedance_tasks import journal, lease, storage
 from seedance_tasks.arrow_memory import reusing_memory
-from seedance_tasks.compaction.plan import CompactionPlan, plan_compaction
+from seedance_tasks.compaction.plan import PLAN_HINT, CompactionPlan, plan_compaction, validated
 from seedance_tasks.compaction.settings import CompactionSettings
 from seedance_tasks.compaction.writer import JOURNAL_KIND, compact_partition, journal_prefix
-from seedance_tasks.errors import InputError, UsageError
+from seedance_tasks.errors import InputError, IntegrityError, UsageError
 from seedance_tasks.storage import Location
 
 PLANS_DIR = f"{storage.SEEDANCE_DIR}/plans"
@@ -81,8 +82,33 @@ def save_plan(plan: CompactionPlan) -> str:
 
 
 def load_plan(plan_uri: str) -> CompactionPlan:
+    """The plan stored at `plan_uri` (`<root>/_seedance/plans/<run_id>.json`), validated as untrusted
+    input (`plan.validated`): IntegrityError naming the plan file and the key if it is not sound,
+    so that a tampered plan never makes compaction read or retire a file outside its lake."""
     location = storage.resolve(plan_uri)
-    return CompactionPlan.from_json(storage.read_json(location.fs, location.path))
+    name = posixpath.basename(location.path)
+    folder = posixpath.dirname(location.path)
+    suffix = "/" + PLANS_DIR
+    if not folder.endswith(suffix) or not name.endswith(".json") or not folder[: -len(suffix)]:
+        raise IntegrityError(f"plan {plan_uri}: not a plan file (expected <dataset>/{PLANS_DIR}/<run id>.json)",
+                             hint=PLAN_HINT)
+    root = Location(location.fs, folder[: -len(suffix)], location.scheme)
+    try:
+        data = storage.read_json(location.fs, location.path)
+    except FileNotFoundError:
+        raise IntegrityError(f"plan {plan_uri} does not exist", hint=PLAN_HINT) from None
+    except (ValueError, RecursionError) as exc:
+        raise IntegrityError(f"plan {plan_uri} is not valid JSON ({_first_line(exc)})", hint=PLAN_HINT) from None
+    plan = validated(data, root, plan_uri)
+    if name != f"{plan.run_id}.json":
+        raise IntegrityError(f"plan {plan_uri}: its run_id {plan.run_id!r} does not match its file name",
+                             hint=PLAN_HINT)
+    return plan
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0][:200] if text else type(exc).__name__
 
 
 def group_partitions(plan: CompactionPlan, max_groups: int) -> list[list[int]]:
@@ -274,7 +300,14 @@ def compact_group_attempt(group: dict, *, holder: str) -> dict:
     plan = load_plan(group["plan_uri"])
     settings = CompactionSettings.model_validate(group["settings"])
     root = storage.resolve(plan.uri)
-    indices = [int(index) for index in group["indices"]]
+    indices = group.get("indices")
+    if (not isinstance(indices, list) or len(set(map(repr, indices))) != len(indices)
+            or not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < len(plan.partitions)
+                       for i in indices)):
+        raise IntegrityError(
+            f"compact task input: indices {indices!r:.200} are not distinct partition numbers of plan "
+            f"{group['plan_uri']} (it has {len(plan.partitions)} partitions)",
+            hint="the mapped task's input does not belong to this plan; start a new DAG run")
     with lease.holding(root, LEASE_NAME, holder=holder, purpose="seedance_compaction DAG run",
                        release=False) as held:
         recovered = []

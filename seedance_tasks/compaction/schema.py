@@ -9,7 +9,9 @@ reason naming the file and the column.
 File-level metadata (GeoParquet's `geo`, ...) is kept where every file has the same value; a key
 the files disagree on, or that only some have, is a conflict: dropping it could turn a GeoParquet
 lake into plain Parquet. Keys that describe one writer's columns (pandas', Spark's, Avro's) are dropped
-when the files' columns differ, as they would no longer be true.
+when the files' columns differ, as they would no longer be true. Field-level metadata (a
+column's own key/value pairs, e.g. `PARQUET:field_id`, nested fields' too) follows the same rule:
+kept where every file that has the column agrees, else a conflict naming the files and the column.
 """
 
 from __future__ import annotations
@@ -147,6 +149,48 @@ def _file_metadata(schemas: list[tuple[str, pa.Schema]], same_columns: bool) -> 
     return kept
 
 
+def _field_paths(field: pa.Field, prefix: str = "") -> list[tuple[str, pa.Field]]:
+    """`field` and every field nested in it (struct children, list elements, map keys and
+    values), each with its dotted path."""
+    path = f"{prefix}{field.name}"
+    found = [(path, field)]
+    kind = field.type
+    if pat.is_struct(kind):
+        children = [kind.field(i) for i in range(kind.num_fields)]
+    elif pat.is_map(kind):
+        children = [kind.key_field, kind.item_field]
+    elif pat.is_list(kind) or pat.is_large_list(kind) or pat.is_fixed_size_list(kind):
+        children = [kind.value_field]
+    else:
+        children = []
+    for child in children:
+        found += _field_paths(child, path + ".")
+    return found
+
+
+def _check_field_metadata(schemas: list[tuple[str, pa.Schema]]) -> None:
+    """SchemaConflict if two files give a column (or a field nested in one) different field-level
+    metadata (a key with other values, or that only some have), as `_file_metadata` does for
+    file-level keys: the compacted file keeps one field, so it could keep only one file's."""
+    seen: dict[str, list[tuple[str, dict[bytes, bytes]]]] = {}
+    for name, schema in schemas:
+        for field in schema:
+            for path, nested in _field_paths(field):
+                seen.setdefault(path, []).append((name, dict(nested.metadata or {})))
+    for path, found in seen.items():
+        first_name, first = found[0]
+        for other_name, other in found[1:]:
+            if other == first:
+                continue
+            key = min(key for key in set(first) | set(other) if first.get(key) != other.get(key))
+            missing = (f" ({other_name} has none)" if key not in other
+                       else f" ({first_name} has none)" if key not in first else "")
+            raise SchemaConflict(
+                f"column {path!r}: field metadata {key.decode(errors='replace')!r} differs between {first_name} "
+                f"and {other_name}{missing}: one compacted file cannot keep both"
+            )
+
+
 def unify(schemas: list[tuple[str, pa.Schema]]) -> pa.Schema:
     """One schema every input casts to without loss; raises SchemaConflict naming file and column.
 
@@ -173,6 +217,7 @@ def unify(schemas: list[tuple[str, pa.Schema]]) -> pa.Schema:
         field if field.name in present_everywhere else field.with_nullable(True)
         for field in unified
     ]
+    _check_field_metadata(plain)
     same_columns = all(schema.equals(plain[0][1]) for _, schema in plain)
     return pa.schema(fields, metadata=_file_metadata(schemas, same_columns) or None)
 

@@ -26,7 +26,7 @@ from seedance_tasks import storage
 from seedance_tasks.compaction.plan import PartitionPlan, SourceFile
 from seedance_tasks.compaction.schema import SchemaConflict, conform, unify
 from seedance_tasks.compaction.settings import CompactionSettings
-from seedance_tasks.errors import ResourceError
+from seedance_tasks.errors import IntegrityError, ResourceError
 from seedance_tasks.journal import Journal
 from seedance_tasks.parallel import ordered_map
 from seedance_tasks.storage import Location
@@ -63,21 +63,124 @@ class PartitionResult:
     quarantined: list[dict] = field(default_factory=list)
 
 
-def _open(root: Location, source: SourceFile) -> pq.ParquetFile:
+def _open(root: Location, source: SourceFile, int96_unit: str | None = None) -> pq.ParquetFile:
+    """`source` opened for reading; INT96 timestamps (if any) decode to `int96_unit` (pyarrow's
+    default, ns, when None: see `_int96_unit` for why compaction chooses it per file)."""
     try:
         handle = root.fs.open_input_file(root.join(source.path))
-        return pq.ParquetFile(handle, pre_buffer=True, page_checksum_verification=True)
+        return pq.ParquetFile(handle, pre_buffer=True, page_checksum_verification=True,
+                              coerce_int96_timestamp_unit=int96_unit)
     except _READ_ERRORS as exc:
         raise BadSourceFile(source, f"not a readable Parquet file ({exc})") from None
+
+
+def _int96_columns(parquet: pq.ParquetFile) -> list[str]:
+    """The top-level columns of `parquet` holding INT96 (Spark/Hive/Impala legacy) timestamps."""
+    schema = parquet.metadata.schema
+    paths = [schema.column(i).path for i in range(len(schema)) if schema.column(i).physical_type == "INT96"]
+    return [name for name in parquet.schema_arrow.names
+            if any(path == name or path.startswith(name + ".") for path in paths)]
+
+
+def _timestamp_leaves(array: pa.Array) -> list[pa.Array]:
+    """Every timestamp array inside `array` (through structs, lists and maps), in a fixed order."""
+    kind = array.type
+    if pa.types.is_timestamp(kind):
+        return [array]
+    if pa.types.is_struct(kind):
+        return [leaf for i in range(kind.num_fields) for leaf in _timestamp_leaves(array.field(i))]
+    if pa.types.is_map(kind):
+        return _timestamp_leaves(array.keys) + _timestamp_leaves(array.items)
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind):
+        return _timestamp_leaves(array.values)
+    return []
+
+
+def _int96_unit(root: Location, source: SourceFile, parquet: pq.ParquetFile) -> str | None:
+    """The unit that holds every INT96 timestamp of `source` exactly: "us" unless a value has
+    sub-microsecond digits, then "ns"; None if the file has no INT96 column.
+
+    pyarrow decodes INT96 to nanoseconds by default, and silently wraps values outside
+    1677-09-21..2262-04-11 (Spark's 0001-01-01 and 9999-12-31 sentinels become 1754 and 1816).
+    So each INT96 column is decoded three ways: in seconds (which cannot overflow: INT96 holds a
+    32-bit day), in microseconds and in nanoseconds; comparing them (remainders in wrapping
+    64-bit arithmetic, ranges in checked arithmetic) tells exactly which unit holds every value.
+    One unit serves the whole file (pyarrow's option is per file): a file with sub-microsecond
+    digits in one value and a value beyond the nanosecond range in another (or a value beyond
+    the microsecond range) raises SchemaConflict: the partition is skipped, the file is fine.
+    """
+    columns = _int96_columns(parquet)
+    if not columns:
+        return None
+    reads = {unit: _open(root, source, unit) for unit in ("s", "us")}
+    reads["ns"] = parquet
+    finer: str | None = None  # the first column with sub-microsecond digits
+    wider: str | None = None  # the first column with a value beyond the nanosecond range
+    try:
+        for group in range(parquet.metadata.num_row_groups):
+            try:
+                tables = {unit: read.read_row_group(group, columns=columns) for unit, read in reads.items()}
+            except _READ_ERRORS as exc:
+                raise BadSourceFile(source, f"row group {group} unreadable ({_first_line(exc)})") from None
+            for name in columns:
+                chunks = zip(*(tables[unit].column(name).chunks for unit in ("s", "us", "ns")), strict=True)
+                for s_chunk, us_chunk, ns_chunk in chunks:
+                    leaves = zip(_timestamp_leaves(s_chunk), _timestamp_leaves(us_chunk),
+                                 _timestamp_leaves(ns_chunk), strict=True)
+                    for by_s, by_us, by_ns in leaves:
+                        if (by_s.type.unit, by_us.type.unit, by_ns.type.unit) != ("s", "us", "ns"):
+                            continue  # an INT64 timestamp beside the INT96 one: read the same in any case
+                        needs_ns, fits_ns = _check_int96(source, name, by_s, by_us, by_ns)
+                        finer = finer or (name if needs_ns else None)
+                        wider = wider or (name if not fits_ns else None)
+    finally:
+        for unit in ("s", "us"):
+            reads[unit].close()
+    if finer and wider:
+        raise SchemaConflict(
+            f"{source.path}: INT96 timestamps of column {finer!r} have sub-microsecond digits and those of "
+            f"column {wider!r} lie beyond the nanosecond range (1677-2262): pyarrow reads a file's INT96 "
+            "columns in one unit, and none holds both exactly")
+    return "ns" if finer else "us"
+
+
+def _check_int96(source: SourceFile, column: str, by_s: pa.Array, by_us: pa.Array, by_ns: pa.Array
+                 ) -> tuple[bool, bool]:
+    """(needs nanoseconds, fits nanoseconds) for these INT96 values, decoded in s, us and ns.
+
+    SchemaConflict if they are beyond even the microsecond range, or need nanoseconds and do
+    not fit them."""
+    seconds, micros, nanos = (leaf.cast(pa.int64()) for leaf in (by_s, by_us, by_ns))
+    # floor(T / 1 us) - floor(T / 1 s) * 10**6, exact even where the microsecond decode wrapped
+    sub_second = pc.subtract(micros, pc.multiply(seconds, 1_000_000))
+    sub_micro = pc.subtract(nanos, pc.multiply(micros, 1_000))  # the digits a microsecond read drops
+    try:
+        pc.add_checked(pc.multiply_checked(seconds, 1_000_000), sub_second)
+    except pa.ArrowInvalid:
+        raise SchemaConflict(f"{source.path}: column {column!r} holds INT96 timestamps beyond the microsecond "
+                             "range (about 290,000 years from 1970); they cannot be rewritten exactly") from None
+    needs_ns = bool(pc.any(pc.not_equal(sub_micro, 0)).as_py())
+    try:
+        pc.add_checked(pc.multiply_checked(micros, 1_000), sub_micro)
+        fits_ns = True
+    except pa.ArrowInvalid:
+        fits_ns = False
+    if needs_ns and not fits_ns:
+        raise SchemaConflict(f"{source.path}: column {column!r} holds INT96 timestamps with sub-microsecond "
+                             "digits and others beyond the nanosecond range (1677-2262): no timestamp unit "
+                             "holds both exactly")
+    return needs_ns, fits_ns
 
 
 @dataclass(frozen=True)
 class _ReadUnit:
     source: SourceFile
     row_groups: tuple[int, ...]
+    int96_unit: str | None = None
 
 
-def _read_units(sources: list[tuple[SourceFile, pq.ParquetFile]], read_bytes: int) -> Iterator[_ReadUnit]:
+def _read_units(sources: list[tuple[SourceFile, pq.ParquetFile]], read_bytes: int,
+                int96_units: dict[str, str] | None = None) -> Iterator[_ReadUnit]:
     """Each source's row groups in order, cut into reads of about `read_bytes` (uncompressed)."""
     for source, parquet in sources:
         metadata = parquet.metadata
@@ -87,7 +190,7 @@ def _read_units(sources: list[tuple[SourceFile, pq.ParquetFile]], read_bytes: in
             batch.append(index)
             batch_bytes += metadata.row_group(index).total_byte_size
             if batch_bytes >= read_bytes or index == metadata.num_row_groups - 1:
-                yield _ReadUnit(source, tuple(batch))
+                yield _ReadUnit(source, tuple(batch), (int96_units or {}).get(source.path))
                 batch, batch_bytes = [], 0
 
 
@@ -98,7 +201,7 @@ def _read(root: Location, unit: _ReadUnit, schema: pa.Schema) -> pa.Table:
     A value the unified schema cannot hold (e.g. a millisecond timestamp beyond the nanosecond
     range) raises SchemaConflict naming the file: the partition is skipped, the file is fine.
     """
-    parquet = _open(root, unit.source)
+    parquet = _open(root, unit.source, unit.int96_unit)
     try:
         table = parquet.read_row_groups(list(unit.row_groups))
     except _READ_ERRORS as exc:
@@ -414,7 +517,10 @@ def _done_result(root: Location, plan: PartitionPlan, run_id: str, index: int) -
         name = posixpath.basename(info.path)
         if not name.startswith(prefix) or not name.endswith(".json"):
             continue
-        done = journals.find(root, name.removesuffix(".json"))
+        try:
+            done = journals.find(root, name.removesuffix(".json"))
+        except IntegrityError:  # a done journal that no longer validates proves nothing: compact again
+            continue
         if done is None or done.state != journals.DONE or done.kind != JOURNAL_KIND:
             continue
         recorded = done.meta.get("result") if isinstance(done.meta.get("result"), dict) else {}
@@ -443,12 +549,25 @@ def _attempt(root: Location, plan: PartitionPlan, run_id: str, index: int, token
              held) -> PartitionResult:
     """One try at a partition; raises BadSourceFile (after rolling back) if a source breaks mid-read."""
     partition_label = plan.partition or "."
+    int96_units: dict[str, str] = {}
     for source in list(sources):
         try:
-            opened.append((source, _open(root, source)))
+            parquet = _open(root, source)
+            try:
+                int96_unit = _int96_unit(root, source, parquet)
+            except BaseException:
+                parquet.close()
+                raise
+            if int96_unit is not None:  # reopened so that its schema and reads use that unit
+                parquet.close()
+                parquet = _open(root, source, int96_unit)
+                int96_units[source.path] = int96_unit
+            opened.append((source, parquet))
         except BadSourceFile as bad:
             quarantined.append(_quarantine(root, bad, run_id))
             sources.remove(source)
+        except SchemaConflict as conflict:
+            return PartitionResult(partition_label, "skipped", str(conflict), quarantined=quarantined)
     if len(opened) < 2:
         return PartitionResult(partition_label, "skipped", "fewer than 2 readable small files",
                                quarantined=quarantined)
@@ -463,7 +582,7 @@ def _attempt(root: Location, plan: PartitionPlan, run_id: str, index: int, token
     writer = _RollingWriter(root, journal, plan.partition, run_id, token, schema, settings)
     skip_reason = None
     try:
-        units = _read_units(opened, settings.row_group_size // 4)
+        units = _read_units(opened, settings.row_group_size // 4, int96_units)
         # small files are read in parallel (pyarrow decodes without the GIL) while this thread encodes
         for table in ordered_map(lambda unit: _read(root, unit, schema), units, threads=_READ_THREADS,
                                  ahead=_READ_AHEAD, name="compaction-read"):
