@@ -8,14 +8,29 @@ Every task that writes holds the `dataset` lease of what it writes as the DAG ru
 run, share it; another DAG run, a second deployment or the CLI writing the same output is
 refused naming the holder (retryable: the task is retried once the holder is done). The
 preprocess output's lease is kept between tasks and released by `finalize`.
+
+A hostile or unreadable input shard does not stop the run: `verify` logs its problem and lets it
+through (preprocessing reads it with the same checked reader), the `preprocess` task of its group
+quarantines it (an `error:`/`hint:` line in the task log, a record under the output's
+`_seedance/quarantine/preprocess/`) and publishes the group's other shards, and succeeds, with
+`quarantined` in its summary: the same as a compaction task that quarantines a file. `finalize`
+lists them in the index and the summary, and fails only if no shard at all is left.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from seedance_tasks.dag_support import fail_fast, run_settings, skip
 from seedance_tasks.errors import UsageError
+
+log = logging.getLogger("seedance_tasks.preprocess")
+
+SHARD_PROBLEMS = frozenset({"refused", "unreadable", "truncated", "too-large", "no-key"})
+"""Kinds of verify problems of one shard's own tar that preprocessing quarantines by itself (the
+rest of the run goes on); any other problem (a missing shard, a bad index, a key in two shards,
+counts or checksums unlike the index's, an image that does not decode) still fails verify."""
 
 SHARD_PARAMS = {"shard_size": "shard_size", "check_decode": "check_decode"}
 PREPROCESS_PARAMS = {"image_size": "size", "io_workers": "io_workers", "cpu_workers": "cpu_workers",
@@ -65,14 +80,23 @@ def build_task(params: dict[str, Any]) -> dict[str, Any]:
 
 @fail_fast
 def verify_task(built: dict[str, Any], params: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Verify the shards; fails the task (RefusedError/IntegrityError) on any problem."""
+    """Verify the shards. A problem of one shard's own tar (`SHARD_PROBLEMS`: hostile, truncated,
+    corrupt) is logged as an `error:` line and left to preprocessing, which quarantines that shard;
+    any other problem fails the task (RefusedError/IntegrityError) as before."""
     from seedance_tasks.shards.verify import raise_for_problems, verify
 
     shard_settings, _ = _settings(params or {})
     report = verify(built["shards"], check_decode=shard_settings.check_decode,
                     max_member_size=int(shard_settings.max_member_size))
-    raise_for_problems(report)
-    return {"shards": report["shards"], "samples": report["samples"], "bytes": report["bytes"], "ok": report["ok"]}
+    listed = {item["shard"] for item in report["per_shard"]}
+    own = [item for item in report["problems"] if item["kind"] in SHARD_PROBLEMS and item["shard"] in listed]
+    raise_for_problems({**report, "problems": [item for item in report["problems"] if item not in own]})
+    for item in own:
+        log.error("error: %s: %s\n  hint: left to the preprocess task, which quarantines this shard "
+                  "(the other shards go on)", item["shard"], item["problem"])
+    bad = sorted({item["shard"] for item in own})
+    return {"shards": report["shards"], "samples": report["samples"], "bytes": report["bytes"], "ok": report["ok"],
+            "shards_to_quarantine": bad[:100], "shards_to_quarantine_count": len(bad)}
 
 
 @fail_fast
@@ -97,28 +121,41 @@ def plan_task(built: dict[str, Any], params: dict[str, Any]) -> list[dict[str, A
 def preprocess_group_task(group: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
     """Preprocess one group of shards (finished shards are skipped, so a retry redoes only the rest)."""
     from seedance_tasks.dag_support import airflow_lease_holder
-    from seedance_tasks.preprocess.run import run
+    from seedance_tasks.preprocess.run import report_lines, run
 
     _, settings = _settings(params)
     result = run(group["shards"], group["out"], settings=settings, only=group["names"], recover=False,
                  finalize_index=False, holder=airflow_lease_holder(), release_lease=False)
+    for item in result["quarantined"]:
+        log.error("error: %s\n  hint: %s", *report_lines(item))
     return {key: result.get(key) for key in ("shards", "skipped", "samples_in", "samples_out", "samples_per_s",
                                              "stage_shares", "io_workers", "cpu_workers")} | {
-        "failed": result["failed"][:100], "failed_count": len(result["failed"])}
+        "failed": result["failed"][:100], "failed_count": len(result["failed"]),
+        "quarantined": result["quarantined"][:100], "quarantined_count": len(result["quarantined"])}
 
 
 @fail_fast
 def finalize_task(built: dict[str, Any], results: list[dict[str, Any]], asset=None) -> dict[str, Any]:
-    """Write the output index and one summary of the run; releases the output's lease. The event
-    on `asset` carries the output URI, its index and its counts."""
+    """Write the output index and one summary of the run (quarantined shards included); releases
+    the output's lease. The event on `asset` carries the output URI, its index and its counts.
+    Fails (RefusedError/InputError, the index left as it was) when every shard is quarantined."""
     from seedance_tasks.dag_support import airflow_lease_holder
-    from seedance_tasks.preprocess.run import finalize
+    from seedance_tasks.preprocess.run import finalize, nothing_left_error
 
+    quarantined = [item for r in results for item in r.get("quarantined") or []]
+    if quarantined and not any(r["shards"] or r["skipped"] for r in results):
+        from seedance_tasks import lease, storage
+        from seedance_tasks.preprocess.run import LEASE_NAME
+
+        with lease.holding(storage.resolve(built["out"]), LEASE_NAME, holder=airflow_lease_holder(),
+                           purpose="seedance_preprocess finalize"):  # released: a fixed rerun need not wait
+            raise nothing_left_error(built["shards"], quarantined)
     index = finalize(built["out"], holder=airflow_lease_holder())
     rates = [r["samples_per_s"] for r in results if r.get("samples_per_s")]
     summary = {
         "shards_uri": built["shards"], "out": built["out"], "index": index["index"],
         "output_shards": index["shards"], "samples_out": index["samples"], "failed": index["failed"],
+        "quarantined": index["quarantined"][:100], "quarantined_count": len(index["quarantined"]),
         "rejected_at_build": built.get("rejected", 0),
         "samples_in_this_run": sum(r["samples_in"] for r in results),
         "mean_group_samples_per_s": round(sum(rates) / len(rates), 1) if rates else None,
@@ -128,6 +165,7 @@ def finalize_task(built: dict[str, Any], results: list[dict[str, Any]], asset=No
 
         failed = summary["failed"]
         announce(asset, {**{key: summary[key] for key in ("shards_uri", "out", "index", "output_shards", "samples_out")},
-                         "failed": len(failed) if isinstance(failed, list) else failed},
+                         "failed": len(failed) if isinstance(failed, list) else failed,
+                         "quarantined": summary["quarantined_count"]},
                  reports={"index": summary["index"]})
     return summary

@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import typer
 
-from seedance_tasks.cli_support import JSON_OPTION, console, emit, escape, handle_errors, progress, table
+from seedance_tasks.cli_support import (
+    JSON_OPTION,
+    console,
+    emit,
+    err_console,
+    escape,
+    handle_errors,
+    progress,
+    table,
+)
 
 app = typer.Typer(help="The I/O-pool / CPU-pool preprocessing pipeline.", no_args_is_help=True)
 
@@ -25,10 +34,13 @@ def run_command(
     """Decode, resize and convert every image sample into OUT as KEY.npy shards (plus the other members).
 
     Every input sample comes out exactly once: in the output, or in the failed list with its
-    shard, key and reason. Outputs are published only when the run completes; a hostile tar is
-    refused before anything is written. Finished shards are skipped on a rerun, and a run killed
-    anywhere is finished or undone by the next one. One writer at a time per OUT: another is
-    refused naming the holder (or waits, --wait).
+    shard, key and reason. A hostile or unreadable input shard is quarantined (an `error:` line
+    naming the shard and the member, a `hint:`, a record in OUT/_seedance/quarantine/preprocess/;
+    the shard itself is left where it is) and the other shards are processed and published: exit
+    0, as compaction does when it quarantines a file. Only a run whose every shard is quarantined
+    fails (exit 3 if one was hostile, else 1). Outputs are published only when the run completes.
+    Finished shards are skipped on a rerun, and a run killed anywhere is finished or undone by the
+    next one. One writer at a time per OUT: another is refused naming the holder (or waits, --wait).
     """
     from seedance_tasks.config import load_settings, settings_with
     from seedance_tasks.preprocess.run import run
@@ -38,12 +50,28 @@ def run_command(
     wait_s = parse_duration(wait) if wait else 0.0
     with progress("preprocessing", enabled=not as_json) as bar:
         result = run(shards, out, settings=settings, wait_s=wait_s, on_progress=bar.update)
+    report_quarantined(result["quarantined"])
     emit(result, as_json, _render_run)
+
+
+def report_quarantined(quarantined: list[dict]) -> None:
+    """One `error:` line (the shard, the member, what is wrong) and one `hint:` on stderr per
+    quarantined shard, as every Seedance error is printed (also with --json: stdout stays JSON)."""
+    from seedance_tasks.preprocess.run import report_lines
+
+    for item in quarantined:
+        error, hint = report_lines(item)
+        err_console.print(f"[bold red]error:[/] {escape(error)}", highlight=False, soft_wrap=True)
+        err_console.print(f"[yellow]hint:[/] {escape(hint)}", highlight=False, soft_wrap=True)
 
 
 def _render_run(result: dict) -> None:
     if not result["shards"]:
-        console.print(f"nothing to do: all {len(result['skipped'])} shard(s) already preprocessed in {result['out']}", markup=False)
+        done = f"all {len(result['skipped'])} shard(s) already preprocessed in {result['out']}"
+        if result["quarantined"]:
+            done = (f"{len(result['skipped'])} shard(s) already preprocessed in {result['out']}, "
+                    f"{len(result['quarantined'])} quarantined")
+        console.print(f"nothing to do: {done}", markup=False)
         return
     console.print(
         f"preprocessed {result['samples_in']:,} samples from {result['shards']} shard(s) into {result['out']}: "
@@ -59,6 +87,9 @@ def _render_run(result: dict) -> None:
                             [[f["shard"], f["key"], f["reason"]] for f in result["failed"][:50]]))
     if result["skipped"]:
         console.print(f"[dim]skipped {len(result['skipped'])} shard(s) already done[/]")
+    if result["quarantined"]:
+        console.print(f"[red]quarantined {len(result['quarantined'])} shard(s)[/] (not published; see the errors above): "
+                      + escape(", ".join(item["name"] for item in result["quarantined"])))
     console.print(f"[dim]pools: {escape(result['pools_basis'])}; index {escape(str(result.get('index')))}[/]")
 
 

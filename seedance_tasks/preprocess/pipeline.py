@@ -8,7 +8,11 @@ Each I/O thread streams one shard at a time (local or `s3://`, one sequential re
 checks every tar header as it goes (`shards.tario`). Only the image bytes travel to the worker
 processes; the sample's other members wait in the parent. Queues are bounded, so a slow consumer
 slows the readers down instead of filling memory. Every sample read comes out exactly once, as a
-`Processed` with either its array or the reason it failed.
+`Processed` with either its array or the reason it failed. A shard that turns out hostile or
+unreadable (a RefusedError/InputError of the checked reader) either stops the pipeline with that
+error (`on_bad_shard="raise"`, the default) or comes out as one `ShardFailed` after the samples
+read from it before the problem, and the readers go on with the other shards
+(`on_bad_shard="report"`, what `seedance preprocess run` uses).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from collections.abc import Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, field
 
+from seedance_tasks.errors import InputError, RefusedError
 from seedance_tasks.preprocess.localtar import iter_local_members
 from seedance_tasks.shards.index import ShardRef
 from seedance_tasks.shards.tario import iter_members, iter_samples
@@ -46,6 +51,17 @@ class ShardDone:
 
     shard: int
     samples: int
+
+
+@dataclass
+class ShardFailed:
+    """Marker: shard number `shard` is hostile or unreadable (`error`); no more of its samples follow.
+
+    The samples read from it before the problem came out before this marker; a consumer that
+    writes the shard discards them. Only with `on_bad_shard="report"`."""
+
+    shard: int
+    error: InputError | RefusedError
 
 
 @dataclass
@@ -74,9 +90,29 @@ def available_cores() -> int:
         return os.cpu_count() or 1
 
 
+def parent_gone(parent_pid: int) -> bool:
+    """Whether the process `parent_pid` has died: no such process, or (Linux) a zombie that its
+    own parent has not reaped yet. A dead parent stays a zombie while whoever started it waits
+    for its output to end (`subprocess.run(capture_output=True)` of a killed run): counted alive,
+    its workers would keep that output open, and both would wait for ever."""
+    try:
+        os.kill(parent_pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # a process with that id exists (owned by someone else)
+        return False
+    try:
+        with open(f"/proc/{parent_pid}/stat", "rb") as handle:
+            state = handle.read().rsplit(b")", 1)[1].split()[0]  # the field after "(command)"
+    except (OSError, IndexError):  # not Linux, or gone in between (the next look says so)
+        return False
+    return state in (b"Z", b"X")
+
+
 def _pool_initializer(parent_pid: int) -> None:
-    """Worker setup: leave Ctrl-C to the parent, and exit if the parent dies (even by SIGKILL),
-    so no orphaned worker outlives an interrupted run or a killed Airflow task."""
+    """Worker setup: leave Ctrl-C to the parent, and exit within a second or so once the parent
+    dies (even by SIGKILL, even while it is an unreaped zombie), so no orphaned worker outlives an
+    interrupted run or a killed Airflow task."""
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -84,12 +120,8 @@ def _pool_initializer(parent_pid: int) -> None:
     def watch() -> None:
         while True:
             time.sleep(1.0)
-            try:
-                os.kill(parent_pid, 0)
-            except ProcessLookupError:
+            if parent_gone(parent_pid):
                 os._exit(1)
-            except PermissionError:  # a process with that id exists (owned by someone else)
-                pass
 
     threading.Thread(target=watch, name="seedance-parent-watch", daemon=True).start()
 
@@ -118,8 +150,11 @@ class Pipeline:
 
     `io_workers` threads read shards; `cpu_workers` processes transform images in batches of
     `batch_size`. `max_samples` stops reading after that many samples (for tuning). A shard that
-    is hostile or unreadable stops the pipeline with its RefusedError/InputError. Use as an
-    iterator (once) or call `close()` to stop early; the pools are shut down either way.
+    is hostile or unreadable stops the pipeline with its RefusedError/InputError, or with
+    `on_bad_shard="report"` yields one `ShardFailed` for it (after the samples already read from
+    it) and the pipeline goes on with the other shards. Any other error (storage down, a bug)
+    stops the pipeline either way. Use as an iterator (once) or call `close()` to stop early; the
+    pools are shut down either way.
     """
 
     def __init__(
@@ -133,9 +168,13 @@ class Pipeline:
         draft: bool = True,
         max_samples: int | None = None,
         image_ext: str | None = None,
+        on_bad_shard: str = "raise",
     ):
         if io_workers < 1 or cpu_workers < 1:
             raise ValueError("io_workers and cpu_workers must be at least 1")
+        if on_bad_shard not in ("raise", "report"):
+            raise ValueError(f"on_bad_shard must be 'raise' or 'report', not {on_bad_shard!r}")
+        self.on_bad_shard = on_bad_shard
         self.shards = shards
         self.size = size
         self.io_workers = io_workers
@@ -193,6 +232,13 @@ class Pipeline:
                             return
                         started = time.perf_counter()
                 busy += time.perf_counter() - started
+            except (InputError, RefusedError) as exc:  # this shard is bad; with "report", the others go on
+                if self.on_bad_shard == "raise":
+                    self._put(self._samples, exc)
+                    return
+                if not self._put(self._samples, ShardFailed(number, exc)):
+                    return
+                continue
             except BaseException as exc:  # handed to the consumer, which raises it
                 self._put(self._samples, exc)
                 return
@@ -234,7 +280,7 @@ class Pipeline:
                 if item is _STOP:
                     finished += 1
                     continue
-                if isinstance(item, ShardDone | BaseException):
+                if isinstance(item, ShardDone | ShardFailed | BaseException):
                     if batch and not self._submit(batch):
                         return
                     batch = []
@@ -259,7 +305,7 @@ class Pipeline:
         self._put(self._results, _STOP)
 
     # ------------------------------------------------------------------ consumer side
-    def __iter__(self) -> Iterator[Processed | ShardDone]:
+    def __iter__(self) -> Iterator[Processed | ShardDone | ShardFailed]:
         import multiprocessing
         from multiprocessing import shared_memory
 
@@ -295,7 +341,7 @@ class Pipeline:
                     break
                 if isinstance(item, BaseException):
                     raise item
-                if isinstance(item, ShardDone | Processed):
+                if isinstance(item, ShardDone | ShardFailed | Processed):
                     yield item
                     continue
                 future, batch, slot = item

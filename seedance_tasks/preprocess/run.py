@@ -9,24 +9,43 @@ prefixed by its group (`pp-<hash of the group's shard names>-`): an attempt firs
 forward what the earlier attempts of its own group left, never a live sibling's. The output is
 leased (`dataset`) by the run (holder: the CLI run's id, or the DAG run's, shared by its mapped
 tasks and retries); another writer is refused naming the holder. `finalize` writes `OUT/shardindex.json` (wids form)
-from the done-records. Local input shards have all their tar headers checked before anything is
-written; any hostile tar stops the run and nothing becomes visible.
+from the done-records.
+
+A hostile or unreadable input shard (a member refused by the checked reader: a link, a device,
+an absolute or `..` name, a member larger than the limit or than the tar; a truncated or corrupt
+tar; a member without a sample key) is quarantined and the run goes on with the other shards:
+its problem is reported (`quarantined` in the summary; the CLI prints it, the DAG task logs it,
+as an `error:` line naming the shard and the member, with a `hint:`) and recorded in `OUT/_seedance/quarantine/preprocess/<name>.json`. The input shard itself is left
+where it is (it is the user's, not under Seedance's outputs): nothing of the input is moved or
+deleted, and nothing of it is published. Local shards have their tar headers checked before
+anything is written; an S3 shard (checked as it streams) or a local one whose problem shows only
+once its data is read may fail half written: its staged output goes to the trash, and the other
+shards' outputs move to a second journal that publishes only them (see `_without`). A problem
+that is not the shard's (storage down, disk full, permission denied, a bug) still stops the run
+and publishes nothing, as does an unsafe output (`--out` being the shards' directory, or leased
+by another writer). A rerun reports a quarantined shard again from its record while the file is
+unchanged (same size and mtime) and checks it again once it changed (fixed, it is processed and
+its record retired to the trash). `finalize` lists them in the index's `seedance` part and leaves
+them out of its shard list.
 """
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import logging
 import posixpath
+import re
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any
 
 import pyarrow.fs as pafs
 
 from seedance_tasks import faults, journal, lease, storage
-from seedance_tasks.errors import IntegrityError, UsageError
-from seedance_tasks.preprocess.pipeline import Pipeline, Processed, ShardDone
+from seedance_tasks.errors import InputError, IntegrityError, RefusedError, UsageError
+from seedance_tasks.preprocess.pipeline import Pipeline, Processed, ShardDone, ShardFailed
 from seedance_tasks.preprocess.settings import PreprocessSettings
 from seedance_tasks.preprocess.sizing import choose_pools
 from seedance_tasks.preprocess.transform import npy_header
@@ -39,7 +58,11 @@ log = logging.getLogger(__name__)
 JOURNAL_KIND = "preprocess"
 LEASE_NAME = "dataset"
 DONE_DIR = f"{storage.SEEDANCE_DIR}/preprocess/done"
+QUARANTINE_DIR = f"{storage.QUARANTINE_DIR}/preprocess"  # one record per quarantined input shard
 WRITE_BUFFER = 8 * 1024 * 1024
+QUARANTINE_HINT = ("the shard was left where it is and nothing of it was published; the other shards were "
+                   "processed. Rebuild or re-fetch it, then run again (a changed shard is checked again)")
+_MEMBER = re.compile(r": member ('(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\")")
 
 
 def output_names(shards: list[ShardRef]) -> list[str]:
@@ -74,23 +97,114 @@ def _is_done(out, name: str, shard: ShardRef, size: int) -> bool:
     )
 
 
-def prescan(shards: list[ShardRef]) -> int:
+def prescan(shards: list[ShardRef]) -> dict[int, InputError | RefusedError]:
     """Check every member header of the local shards among `shards` (cheap: reads headers only).
 
     A plain ustar tar is checked by `localtar.is_plain`; any other goes through `scan_headers`.
-
-    Raises RefusedError/InputError on the first hostile or broken tar. S3 shards are checked as
-    they stream instead (reading them twice would double the transfer).
+    Returns {position in `shards`: its RefusedError/InputError} for each hostile or broken tar;
+    never raises for one (any other error, e.g. permission denied, is raised). S3 shards are
+    checked as they stream instead (reading them twice would double the transfer).
     """
     from seedance_tasks.preprocess.localtar import is_plain
 
-    checked = 0
-    for shard in shards:
-        if not shard.location.is_s3:
-            if not is_plain(shard.location.path):  # a plain tar's headers are all fine: no second pass
-                scan_headers(shard.location.path, shard.uri)
-            checked += 1
-    return checked
+    bad: dict[int, InputError | RefusedError] = {}
+    for position, shard in enumerate(shards):
+        if shard.location.is_s3 or is_plain(shard.location.path):  # a plain tar's headers are all fine
+            continue
+        try:
+            scan_headers(shard.location.path, shard.uri)
+        except (InputError, RefusedError) as exc:  # RefusedError is not an InputError
+            bad[position] = exc
+    return bad
+
+
+def shard_problem(error: InputError | RefusedError) -> dict[str, Any]:
+    """What a shard-level error says, as a quarantine record holds it: kind, error, hint and the
+    member it names (None when the problem is the whole tar's)."""
+    kind = "refused" if isinstance(error, RefusedError) else getattr(error, "kind", "unreadable")
+    match = _MEMBER.search(error.message)
+    member = None
+    if match:
+        try:
+            member = ast.literal_eval(match.group(1))  # the reader names members with repr()
+        except (ValueError, SyntaxError):
+            member = match.group(1)
+    return {"kind": kind, "member": member, "error": error.message,
+            "hint": error.hint or "this tar is not a plain WebDataset shard; rebuild or re-fetch it"}
+
+
+def _quarantine(out, shard: ShardRef, name: str, error: InputError | RefusedError, run_id: str) -> dict[str, Any]:
+    """Record one bad input shard under `OUT/_seedance/quarantine/preprocess/`; returns the
+    summary's entry (`report_lines` words it). The input shard is never touched.
+
+    An existing record of the same shard, size and problem is kept as it is (a rerun changes
+    nothing there); any other is replaced."""
+    problem = shard_problem(error)
+    path = out.join(QUARANTINE_DIR, f"{name}.json")
+    record = {"name": name, "shard": shard.uri, **_stamp(shard), **problem, "run_id": run_id,
+              "at": datetime.now(UTC).isoformat(), "input": "left in place: not under Seedance's outputs"}
+    earlier = _read_record(out, path)
+    same = ("name", "shard", "source_bytes", "source_mtime_ns", "kind", "member", "error")
+    if isinstance(earlier, dict) and all(earlier.get(key) == record[key] for key in same):
+        record = earlier
+    else:
+        storage.write_json_atomic(out.fs, path, record)
+    return _entry(out, path, record)
+
+
+def _entry(out, path: str, record: dict) -> dict[str, Any]:
+    """The summary's entry of a quarantine record."""
+    return {key: record.get(key) for key in ("name", "shard", "kind", "member", "error", "hint", "run_id")} | {
+        "record": out.uri_of(path)}
+
+
+def _stamp(shard: ShardRef) -> dict[str, int | None]:
+    """The input shard's size and modification time as its filesystem reports them now."""
+    info = shard.location.fs.get_file_info(shard.location.path)
+    return {"source_bytes": info.size, "source_mtime_ns": info.mtime_ns}
+
+
+def _still_quarantined(out, shard: ShardRef, name: str) -> dict[str, Any] | None:
+    """The summary's entry of `name` if its quarantine record is of this very input (same URI,
+    size and modification time): a rerun reports it again without reading it. A shard rewritten
+    or replaced since (or touched) is checked again."""
+    path = out.join(QUARANTINE_DIR, f"{name}.json")
+    record = _read_record(out, path)
+    if not isinstance(record, dict) or record.get("shard") != shard.uri or record.get("name") != name:
+        return None
+    stamp = _stamp(shard)
+    if stamp["source_mtime_ns"] is None or any(record.get(key) != value for key, value in stamp.items()):
+        return None
+    return _entry(out, path, record)
+
+
+def report_lines(item: dict[str, Any]) -> tuple[str, str]:
+    """The `error:` and `hint:` texts of one `quarantined` entry: the shard and member, what is
+    wrong, that the others went on, where the record is (the CLI prints them, the DAG logs them)."""
+    error = f"{item['error']} (shard {item['name']} quarantined; the other shards go on)"
+    hint = f"{(item.get('hint') or '').rstrip('.')}. {QUARANTINE_HINT}; record: {item['record']}".lstrip(". ")
+    return error, hint
+
+
+def _read_record(out, path: str) -> Any:
+    """A JSON record, or None if it is absent or not JSON (it is rewritten then)."""
+    if not storage.is_file(out.fs, path):
+        return None
+    try:
+        return storage.read_json(out.fs, path)
+    except ValueError:
+        return None
+
+
+def nothing_left_error(shards_uri: str, quarantined: list[dict]) -> InputError | RefusedError:
+    """The error of a run whose every shard is quarantined: RefusedError if one was hostile."""
+    first = quarantined[0]
+    message = (f"every shard of {shards_uri} is quarantined ({len(quarantined)}), nothing to preprocess; "
+               f"first: {first['error']}")
+    hint = f"records in {posixpath.dirname(first['record'])}; rebuild or re-fetch the shards, then run again"
+    if any(item["kind"] == "refused" for item in quarantined):
+        return RefusedError(message, hint=hint)
+    return InputError(message, hint=hint)
 
 
 def run(
@@ -110,13 +224,17 @@ def run(
     """Preprocess the shards of `shards_uri` into `out_uri`; returns a summary with samples/s and stage shares.
 
     Every input sample comes out exactly once: in its output shard as `KEY.npy` (uint8, shape
-    (3, size, size)) with its other members, or in `failed` with its shard, key and reason.
+    (3, size, size)) with its other members, or in `failed` with its shard, key and reason, or
+    with its whole shard in `quarantined` (a hostile or unreadable input shard: see the module
+    doc; the other shards are processed and published all the same, and nothing of a quarantined
+    shard is). Raises RefusedError/InputError, after recording them, only when every shard of
+    a whole run (`only` None) is quarantined: then there is nothing to go on with.
     `only` restricts the run to those shard names or URIs (the DAG's groups); `recover` finishes
     every interrupted run on the output first (off: only the earlier attempts of this group, as
     mapped sibling tasks must). `holder` owns the output's lease (default: this run's id; kept
     after the run with `release_lease=False`, for the next task of the same DAG run); another
     holder raises LeaseHeldError after waiting up to `wait_s`. Safe to run again after a crash
-    or an error anywhere. `on_progress(shards_done, shards_total)` follows the output shards written.
+    or an error anywhere. `on_progress(shards_done, shards_total)` follows the input shards finished.
     """
     if settings is None or isinstance(settings, dict):
         settings = PreprocessSettings.model_validate(settings or {})
@@ -136,8 +254,11 @@ def run(
     run_id = storage.new_run_id()
     with lease.holding(out, LEASE_NAME, holder=holder or run_id, purpose=f"seedance preprocess run of {shards_uri}",
                        wait_s=wait_s, release=release_lease) as held:
-        return _run(shards_uri, out_uri, out, pairs, settings, run_id, held, recover=recover,
-                    finalize_index=finalize_index, advance=advance, on_progress=on_progress)
+        summary = _run(shards_uri, out_uri, out, pairs, settings, run_id, held, recover=recover,
+                       finalize_index=finalize_index, advance=advance, on_progress=on_progress)
+    if only is None and summary["quarantined"] and len(summary["quarantined"]) == len(pairs):
+        raise nothing_left_error(shards_uri, summary["quarantined"])
+    return summary
 
 
 def group_prefix(names: list[str]) -> str:
@@ -146,42 +267,87 @@ def group_prefix(names: list[str]) -> str:
     return f"pp-{digest}-"
 
 
+def _stale_records(out, names: list[str]) -> list[str]:
+    """The quarantine records of `names` (relative paths): retired to the trash when those shards publish."""
+    paths = [f"{QUARANTINE_DIR}/{name}.json" for name in names]
+    return [path for path in paths if storage.is_file(out.fs, out.join(path))]
+
+
+def _staging(out, names: list[str], tag: str) -> tuple[list[dict], list[dict]]:
+    """The journal publish entries of `names`: output shards, then their done-records (after them)."""
+    shards = [_publish(out, f".{name}.{tag}", name) for name in names]
+    records = [_publish(out, f"{DONE_DIR}/.{name}.json.{tag}", f"{DONE_DIR}/{name}.json") for name in names]
+    return shards, records
+
+
+def _without(out, job: journal.Journal, prefix: str, run_id: str, names: list[str], publishes: list[dict],
+             good: list[int]) -> tuple[journal.Journal, list[dict], list[dict]]:
+    """Swap `job` for a journal that publishes only the output shards numbered `good`.
+
+    A journal's publishes are fixed when it begins, and a shard quarantined half written must not
+    be published. So: a second journal begins (state `writing`) with new staged names for the
+    good shards; their staged files move to those names; then `job` rolls back, sending what it
+    still stages (the quarantined shards' partial outputs) to the trash. Killed anywhere in
+    between, both journals are `writing`, and the next attempt rolls both back: nothing visible
+    changes, the good work is redone. Returns the new journal and its publish entries.
+    """
+    kept = [names[number] for number in good]
+    shards, records = _staging(out, kept, f"{run_id}-q")
+    second = journal.Journal.begin(out, f"{prefix}{run_id}-q", JOURNAL_KIND, shards + records,
+                                   _stale_records(out, kept), dict(job.meta))
+    try:
+        for number, entry in zip(good, shards, strict=True):
+            storage.move(out.fs, out.join(publishes[number]["staged"]), out.join(entry["staged"]))
+        job.rollback()
+    except BaseException:
+        second.rollback()  # the moved files to the trash too; the caller rolls `job` back
+        raise
+    return second, shards, records
+
+
 def _run(shards_uri: str, out_uri: str, out, pairs: list, settings: PreprocessSettings, run_id: str,
          held: lease.Lease, *, recover: bool, finalize_index: bool, advance, on_progress) -> dict[str, Any]:
     """The run itself, under the output's lease."""
     prefix = group_prefix([name for _shard, name in pairs])
     recovered = journal.recover(out, JOURNAL_KIND, prefix=None if recover else prefix)
-    todo, skipped = [], []
+    todo, skipped, quarantined = [], [], []
     for shard, name in pairs:
         if _is_done(out, name, shard, settings.size):
             skipped.append(name)
+        elif (earlier := _still_quarantined(out, shard, name)) is not None:
+            quarantined.append(earlier)
         else:
             todo.append((shard, name))
-    prescan([shard for shard, _name in todo])
+    bad = prescan([shard for shard, _name in todo])
+    for position in sorted(bad):
+        quarantined.append(_quarantine(out, *todo[position], bad[position], run_id))
+    todo = [pair for position, pair in enumerate(todo) if position not in bad]
 
     summary: dict[str, Any] = {
         "shards_uri": shards_uri, "out": out.uri, "size": settings.size, "recovered": recovered,
         "shards": len(todo), "skipped": skipped, "samples_in": 0, "samples_out": 0, "failed": [],
+        "quarantined": quarantined,
     }
     if not todo:
-        if finalize_index:
+        if finalize_index and not (quarantined and not skipped):  # nothing left: the index stays as it was
             summary["index"] = _finalize(out)["index"]
         return {**summary, "samples_per_s": None, "stage_shares": None, "seconds": 0.0}
 
     pools = choose_pools([shard for shard, _ in todo], settings.size, io_workers=settings.io_workers,
                          cpu_workers=settings.cpu_workers, draft=settings.draft)
-    publishes = [_publish(out, f".{name}.{run_id}", name) for _shard, name in todo]
-    records_staged = [_publish(out, f"{DONE_DIR}/.{name}.json.{run_id}", f"{DONE_DIR}/{name}.json")
-                      for _shard, name in todo]  # published with the shards, after them
-    job = journal.Journal.begin(out, f"{prefix}{run_id}", JOURNAL_KIND, publishes + records_staged, [],
-                                {"shards": shards_uri})
+    names = [name for _shard, name in todo]
+    publishes, records_staged = _staging(out, names, run_id)  # done-records published with the shards, after them
+    job = journal.Journal.begin(out, f"{prefix}{run_id}", JOURNAL_KIND, publishes + records_staged,
+                                _stale_records(out, names), {"shards": shards_uri})
     header = npy_header(settings.size)
     writers: dict[int, tuple[Any, TarShardWriter]] = {}
     counts: dict[int, dict[str, Any]] = {number: {"seen": 0, "expected": None, "failed": []} for number in range(len(todo))}
     records: dict[int, dict] = {}
+    bad_shards: set[int] = set()
     write_time = 0.0
     pipeline = Pipeline([shard for shard, _ in todo], size=settings.size, io_workers=pools["io_workers"],
-                        cpu_workers=pools["cpu_workers"], batch_size=settings.batch_size, draft=settings.draft)
+                        cpu_workers=pools["cpu_workers"], batch_size=settings.batch_size, draft=settings.draft,
+                        on_bad_shard="report")
 
     def writer_for(number: int) -> TarShardWriter:
         if number not in writers:
@@ -203,30 +369,48 @@ def _run(shards_uri: str, out_uri: str, out, pairs: list, settings: PreprocessSe
             "failed": state["failed"], "run_id": run_id,
         }
 
+    def quarantine(number: int, error: InputError | RefusedError) -> None:
+        """Shard `number` is bad: stop writing it (its partial output stays staged, never published)."""
+        bad_shards.add(number)
+        if number in writers and not writers[number][0].closed:
+            writers[number][0].close()
+        quarantined.append(_quarantine(out, *todo[number], error, run_id))
+
     started = time.perf_counter()
     main_cpu = time.process_time()
     try:
         for item in pipeline:
-            if isinstance(item, ShardDone):
+            if isinstance(item, ShardFailed):
+                quarantine(item.shard, item.error)
+            elif item.shard in bad_shards:  # cannot happen (nothing of it follows its marker); never written
+                continue
+            elif isinstance(item, ShardDone):
                 counts[item.shard]["expected"] = item.samples
                 maybe_close(item.shard)
                 continue
-            assert isinstance(item, Processed)
-            state = counts[item.shard]
-            state["seen"] += 1
-            if item.error is not None:
-                state["failed"].append({"shard": todo[item.shard][0].uri, "key": item.key, "reason": item.error})
             else:
-                t0 = time.perf_counter()
-                writer_for(item.shard).add_sample(item.key, {**item.members, "npy": (header, item.array)})
-                write_time += time.perf_counter() - t0
-            maybe_close(item.shard)
-            if advance:
-                advance(1)
+                assert isinstance(item, Processed)
+                state = counts[item.shard]
+                state["seen"] += 1
+                if item.error is not None:
+                    state["failed"].append({"shard": todo[item.shard][0].uri, "key": item.key, "reason": item.error})
+                else:
+                    t0 = time.perf_counter()
+                    writer_for(item.shard).add_sample(item.key, {**item.members, "npy": (header, item.array)})
+                    write_time += time.perf_counter() - t0
+                maybe_close(item.shard)
+                if advance:
+                    advance(1)
             if on_progress:
-                on_progress(len(records), len(todo))
-        if len(records) != len(todo):
-            raise RuntimeError(f"pipeline ended with {len(todo) - len(records)} shard(s) unfinished")
+                on_progress(len(records) + len(bad_shards), len(todo))
+        if len(records) + len(bad_shards) != len(todo):
+            raise RuntimeError(f"pipeline ended with {len(todo) - len(records) - len(bad_shards)} shard(s) unfinished")
+        good = sorted(records)
+        if bad_shards and good:
+            job, _shards, kept_records = _without(out, job, prefix, run_id, names, publishes, good)
+            records_staged = dict(zip(good, kept_records, strict=True))
+        elif not good:  # every shard of this run quarantined half written: nothing to publish
+            job.rollback()
         faults.point("preprocess.records.before")
         for number, record in records.items():
             storage.write_json_atomic(out.fs, out.join(records_staged[number]["staged"]), record)
@@ -236,19 +420,22 @@ def _run(shards_uri: str, out_uri: str, out, pairs: list, settings: PreprocessSe
         for stream, _writer in writers.values():
             if not stream.closed:
                 stream.close()
-        try:
-            job.rollback()  # staged outputs to the trash; nothing was published
-        except Exception:  # noqa: BLE001 - the next attempt of this group rolls it back instead
-            log.warning("could not roll back preprocess run %s; the next attempt will", run_id, exc_info=True)
+        if job.state == journal.WRITING:
+            try:
+                job.rollback()  # staged outputs to the trash; nothing was published
+            except Exception:  # noqa: BLE001 - the next attempt of this group rolls it back instead
+                log.warning("could not roll back preprocess run %s; the next attempt will", run_id, exc_info=True)
         raise
-    job.commit()
+    if good:
+        job.commit()
     faults.point("preprocess.committed")
     elapsed = time.perf_counter() - started
     main_cpu = time.process_time() - main_cpu
     pipeline.times.write = write_time
-    samples_in = sum(state["seen"] for state in counts.values())
+    samples_in = sum(state["seen"] for number, state in counts.items() if number not in bad_shards)
     summary.update(
         run_id=run_id,
+        shards=len(records),
         samples_in=samples_in,
         samples_out=sum(record["nsamples"] for record in records.values()),
         failed=[failure for record in records.values() for failure in record["failed"]],
@@ -264,7 +451,7 @@ def _run(shards_uri: str, out_uri: str, out, pairs: list, settings: PreprocessSe
         pools_basis=pools["basis"],
         outputs=[out.uri_of(out.join(records[number]["name"])) for number in sorted(records)],
     )
-    if finalize_index:
+    if finalize_index and (records or skipped):  # nothing left: the index stays as it was
         summary["index"] = _finalize(out)["index"]
     return summary
 
@@ -272,8 +459,10 @@ def _run(shards_uri: str, out_uri: str, out, pairs: list, settings: PreprocessSe
 def finalize(out_uri: str, *, holder: str | None = None, wait_s: float = 0.0) -> dict[str, Any]:
     """Write `OUT/shardindex.json` (wids form) from every done-record; returns its figures.
 
-    Holds the output's lease for `holder` (default: a run id of its own) and releases it after:
-    the DAG's last task ends the DAG run's hold on the output.
+    A shard with a quarantine record is left out of the shard list (its input is bad now, even if
+    an older output of it is there) and listed under the index's `seedance.quarantined`, as in
+    the returned figures. Holds the output's lease for `holder` (default: a run id of its own) and
+    releases it after: the DAG's last task ends the DAG run's hold on the output.
     """
     out = storage.resolve(out_uri)
     with lease.holding(out, LEASE_NAME, holder=holder or storage.new_run_id(), purpose="seedance preprocess finalize",
@@ -281,25 +470,38 @@ def finalize(out_uri: str, *, holder: str | None = None, wait_s: float = 0.0) ->
         return _finalize(out)
 
 
-def _finalize(out) -> dict[str, Any]:
-    """`finalize` under the lease the caller holds."""
-    selector = pafs.FileSelector(out.join(DONE_DIR), recursive=False, allow_not_found=True)
-    records = []
+def _records_in(out, folder: str, what: str) -> list[dict]:
+    """The visible JSON records of `folder` (sorted by file name), each with a plain shard `name`.
+
+    Records are untrusted: one whose name is not a plain file name raises IntegrityError naming it."""
+    selector = pafs.FileSelector(out.join(folder), recursive=False, allow_not_found=True)
+    found = []
     for info in sorted(out.fs.get_file_info(selector), key=lambda item: item.path):
         if info.path.endswith(".json") and not posixpath.basename(info.path).startswith("."):
             record = storage.read_json(out.fs, info.path)
             name = record.get("name") if isinstance(record, dict) else None
-            if storage.confine(name, what=f"done-record {out.uri_of(info.path)} name") != name or "/" in name:
-                raise IntegrityError(f"done-record {out.uri_of(info.path)}: shard name {name!r} is not a plain file name",
+            if storage.confine(name, what=f"{what} {out.uri_of(info.path)} name") != name or "/" in name:
+                raise IntegrityError(f"{what} {out.uri_of(info.path)}: shard name {name!r} is not a plain file name",
                                      hint="the record was edited by someone else; move it away and run again")
-            if storage.is_file(out.fs, out.join(name)):
-                records.append(record)
+            found.append(record)
+    return found
+
+
+def _finalize(out) -> dict[str, Any]:
+    """`finalize` under the lease the caller holds."""
+    quarantined = [{key: record.get(key) for key in ("name", "shard", "kind", "member", "error")}
+                   for record in _records_in(out, QUARANTINE_DIR, "quarantine record")]
+    bad = {item["name"] for item in quarantined}
+    records = [record for record in _records_in(out, DONE_DIR, "done-record")
+               if record["name"] not in bad and storage.is_file(out.fs, out.join(record["name"]))]
     entries = [{"url": r["name"], "nsamples": r["nsamples"], "filesize": r["filesize"], "sha256": r["sha256"]}
                for r in records]
     failed = sum(len(r["failed"]) for r in records)
     meta = {"kind": "preprocessed", "sizes": sorted({r["size"] for r in records}), "failed": failed,
             "failed_records": out.uri_of(out.join(DONE_DIR))}
+    if quarantined:
+        meta |= {"quarantined": quarantined, "quarantine_records": out.uri_of(out.join(QUARANTINE_DIR))}
     index_path = out.join(shard_index.INDEX_NAME)
     storage.write_json_atomic(out.fs, index_path, shard_index.index_document(entries, meta))
     return {"index": out.uri_of(index_path), "shards": len(entries), "samples": sum(e["nsamples"] for e in entries),
-            "failed": failed}
+            "failed": failed, "quarantined": quarantined}

@@ -46,6 +46,9 @@ def test_tiering_a_mixed_store_rewrites_each_manifest_in_its_own_format(tmp_path
     settings = lifecycle_settings.model_copy(deep=True)
     settings.tiers.keep_latest_hot = False
     settings.tiers.warm.uri, settings.tiers.cold.uri = str(warm), str(cold)
+    # the format-1 checkpoints were saved when the fixture was committed, the others just now: with
+    # cold only after ~100 years, "2 hours from now" is warm for both, whatever today's date
+    settings.tiers.cold_after = 100 * 365 * 86400
     before = _formats(store)
 
     moved = tiering.tier(str(store), settings=settings, apply=True, now=datetime.now(UTC) + timedelta(hours=2))

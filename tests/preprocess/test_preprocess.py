@@ -1,5 +1,5 @@
-"""The preprocessing pipeline: exactly-once output, bad samples reported, hostile tars refused,
-foreign shards and S3, the iterable dataset, tuning, and the DAG run."""
+"""The preprocessing pipeline: exactly-once output, bad samples reported, hostile tars quarantined
+(more in test_quarantine.py), foreign shards and S3, the iterable dataset, tuning, and the DAG run."""
 
 from __future__ import annotations
 
@@ -15,8 +15,7 @@ from typer.testing import CliRunner
 
 from seedance_tasks import storage
 from seedance_tasks.cli import app
-from seedance_tasks.errors import RefusedError
-from seedance_tasks.preprocess.run import run
+from seedance_tasks.preprocess.run import QUARANTINE_DIR, run
 from seedance_tasks.preprocess.settings import PreprocessSettings
 from seedance_tasks.shards.build import build
 from seedance_tasks.shards.sample import make_sample_files
@@ -80,7 +79,7 @@ def test_rerun_skips_finished_shards(tmp_path, shards):
     assert len(read_output(tmp_path / "out")) == 28
 
 
-def test_hostile_tar_is_refused_before_anything_is_written(tmp_path, shards):
+def test_a_hostile_tar_is_quarantined_and_the_other_shards_published(tmp_path, shards):
     shard_dir, _keys = shards
     with tarfile.open(shard_dir / "shard-000003.tar", "a") as archive:  # append a link to a good shard
         info = tarfile.TarInfo("zz.jpg")
@@ -88,10 +87,12 @@ def test_hostile_tar_is_refused_before_anything_is_written(tmp_path, shards):
         info.linkname = "/etc/passwd"
         archive.addfile(info)
     out = tmp_path / "out"
-    with pytest.raises(RefusedError, match="symbolic link"):
-        run(str(shard_dir), str(out), settings=SETTINGS)
-    assert not out.exists() or not storage.list_files(storage.resolve(str(out)))
-    assert not out.exists() or not [p for p in out.iterdir() if p.name.startswith(".")]
+    result = run(str(shard_dir), str(out), settings=SETTINGS)
+    (item,) = result["quarantined"]
+    assert item["name"] == "shard-000003.tar" and item["member"] == "zz.jpg" and "symbolic link" in item["error"]
+    assert sorted(path.name for path in out.glob("*.tar")) == [f"shard-00000{n}.tar" for n in (0, 1, 2, 4)]
+    assert (out / QUARANTINE_DIR / "shard-000003.tar.json").is_file() and (shard_dir / "shard-000003.tar").is_file()
+    assert not [p for p in out.iterdir() if p.name.startswith(".")]
 
 
 def test_foreign_shards_by_brace_pattern(tmp_path):
@@ -177,7 +178,7 @@ def test_preprocess_dag_builds_verifies_and_preprocesses(tmp_path, run_dag):
     assert sorted(output) == sorted(set(keys) - {keys[6], keys[11]})
 
 
-def test_preprocess_dag_fails_at_verify_on_a_hostile_tar(tmp_path, run_dag):
+def test_preprocess_dag_fails_at_finalize_when_its_only_shard_is_hostile(tmp_path, run_dag):
     shards_dir = tmp_path / "foreign"
     shards_dir.mkdir()
     with tarfile.open(shards_dir / "data-000000.tar", "w") as archive:
@@ -188,8 +189,11 @@ def test_preprocess_dag_fails_at_verify_on_a_hostile_tar(tmp_path, run_dag):
                                               "out": str(tmp_path / "out")})
     assert dag_run.state == "failed"
     states = {ti.task_id: ti.state for ti in dag_run.get_task_instances()}
-    assert states["build_shards"] == "success" and states["verify_shards"] == "failed"
-    assert states["finalize"] != "success" and not (tmp_path / "out").exists()
+    assert states["build_shards"] == "success" and states["verify_shards"] == "success"
+    assert states["preprocess"] == "success" and states["finalize"] == "failed"  # nothing left to announce
+    out = tmp_path / "out"
+    assert (out / QUARANTINE_DIR / "data-000000.tar.json").is_file()
+    assert not (out / "shardindex.json").exists() and not list(out.glob("*.tar"))
 
 
 def test_an_output_another_run_is_writing_is_refused_naming_the_holder(tmp_path, shards):
@@ -221,3 +225,29 @@ def test_a_tampered_done_record_is_refused_by_finalize(tmp_path, shards):
     record_path.write_text(json.dumps({**record, "name": "../../etc/passwd"}))
     with pytest.raises(IntegrityError, match="shard-000000.tar.json"):
         finalize(str(tmp_path / "out"))
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="zombies are told apart through /proc (Linux)")
+def test_a_dead_parent_not_reaped_yet_counts_as_gone_for_the_workers():
+    """Killed while whoever started it still reads its output, a run is a zombie: its CPU workers
+    must still see it gone (else they keep that output open and both wait for ever)."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from seedance_tasks.preprocess.pipeline import parent_gone
+
+    assert not parent_gone(os.getpid())
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    stat = Path(f"/proc/{child.pid}/stat")
+    try:
+        for _ in range(3000):  # until it has exited (not reaped: a zombie); a guard, not a timing
+            if stat.read_bytes().rsplit(b")", 1)[1].split()[0] == b"Z":
+                break
+            time.sleep(0.01)
+        assert stat.read_bytes().rsplit(b")", 1)[1].split()[0] == b"Z"
+        assert parent_gone(child.pid)
+    finally:
+        child.wait()
+    assert parent_gone(child.pid)  # reaped: no such process
