@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict
 
 from seedance_tasks import storage
 from seedance_tasks.cost.budget_ledger import BudgetLedger, Entry, entry
+from seedance_tasks.cost.money import display, rounded
 from seedance_tasks.cost.workdays import Clock, WorkCalendar, close_instant, month_close
 from seedance_tasks.errors import InputError, UsageError
 
@@ -149,7 +150,7 @@ def _approvers(owners_uri: str | None) -> dict[str, list[str]]:
 
 
 def _money(charges: dict[str, str]) -> str:
-    return ", ".join(f"{Decimal(amount):.2f} {currency}" for currency, amount in sorted(charges.items()))
+    return ", ".join(display(amount, currency) for currency, amount in sorted(charges.items()))
 
 
 def plan(*, month: str, out: str, owners: str | None = None, apply: bool = False, now: datetime | None = None,
@@ -409,8 +410,10 @@ def response_timeout(request: dict[str, Any], now: datetime) -> timedelta:
 
 def settle(data: dict[str, Any], *, now: datetime | None = None, settings=None) -> dict[str, Any]:
     """Deduct every confirmed charge from the owner's budget pool (one ledger entry per owner and
-    currency) and apply the budget freezes of the over-budget rule (not approved: next month's
-    budget frozen); disputed or unanswered charges are not deducted. Dry run: the plan only.
+    currency, the charge `money.rounded` to the currency's minor unit: the amount the plan, the
+    confirmation and the notification show) and apply the budget freezes of the over-budget rule
+    (not approved: next month's budget frozen); disputed or unanswered charges are not deducted.
+    Dry run: the plan only.
     Idempotent: an entry already in the ledger is neither recorded nor notified again."""
     settings = settings or _settings()
     now = now or datetime.now(UTC)
@@ -427,13 +430,14 @@ def settle(data: dict[str, Any], *, now: datetime | None = None, settings=None) 
         status = answer.details.get("status") if answer else "no answer recorded"
         for currency, amount in sorted(charges.items()):
             key = f"deduct:{month}:{owner}:{currency}"
+            deduction = rounded(amount, currency)
             if not apply:
-                result["planned"].append(f"deduct {Decimal(amount):.2f} {currency} from {owner}'s budget pool "
+                result["planned"].append(f"deduct {display(deduction, currency)} from {owner}'s budget pool "
                                          "if the owner confirms")
             elif key in entries:
                 result["done_before"].append(key)
             elif status == "confirmed":
-                new.append(entry(key, "deduction", month, owner=owner, amount=Decimal(amount), currency=currency,
+                new.append(entry(key, "deduction", month, owner=owner, amount=deduction, currency=currency,
                                  at=now, confirmed_by=answer.details.get("by"), reason=answer.details.get("reason")))
             else:
                 result["not_deducted"].append({"owner": owner, "currency": currency, "amount": amount,
@@ -444,8 +448,8 @@ def settle(data: dict[str, Any], *, now: datetime | None = None, settings=None) 
             continue
         key = f"freeze:{item['owner']}:{target}"
         if not apply:
-            result["planned"].append(f"freeze {item['owner']}'s {target} budget ({Decimal(item['spend']):.2f} "
-                                     f"{item['currency']} spent against {Decimal(item['budget']):.2f})")
+            spent, budget = display(item["spend"], item["currency"]), display(item["budget"], item["currency"])
+            result["planned"].append(f"freeze {item['owner']}'s {target} budget ({spent} spent against {budget})")
         elif key in entries:
             result["done_before"].append(key)
         else:
@@ -457,15 +461,17 @@ def settle(data: dict[str, Any], *, now: datetime | None = None, settings=None) 
         for made in added:
             if made.kind == "deduction":
                 result["deducted"].append(made.key)
-                notify(out, made.key, made.owner, f"{month} chargeback deducted: {made.amount:.2f} {made.currency}",
-                              f"{made.amount:.2f} {made.currency} (confirmed) was deducted from the budget pool of "
+                shown = display(made.amount, made.currency)
+                notify(out, made.key, made.owner, f"{month} chargeback deducted: {shown}",
+                              f"{shown} (confirmed) was deducted from the budget pool of "
                               f"{made.owner} for {month}.", {"month": month, "amount": str(made.amount),
                                                              "currency": made.currency}, settings, data.get("owners"))
             else:
                 result["frozen"].append(made.key)
+                budget = display(made.details["budget"], made.currency)
                 notify(out, made.key, made.owner, f"{made.details['frozen_month']} budget frozen",
-                              f"{made.owner} spent {made.amount:.2f} {made.currency} in {month} against a budget of "
-                              f"{made.details['budget']}: the {made.details['frozen_month']} budget is frozen "
+                              f"{made.owner} spent {display(made.amount, made.currency)} in {month} against a budget of "
+                              f"{budget}: the {made.details['frozen_month']} budget is frozen "
                               "until an ROI document is approved.", {"month": month}, settings, data.get("owners"))
     return result
 
@@ -475,7 +481,7 @@ def settle(data: dict[str, Any], *, now: datetime | None = None, settings=None) 
 
 def owner_positions(out: str) -> list[dict[str, Any]]:
     """Per owner, month and currency: deducted, frozen (the month frozen), and the answer, from
-    the ledger of `out` (amounts are exact Decimals)."""
+    the ledger of `out` (Decimals as recorded: deductions at the currency's minor unit)."""
     rows: dict[tuple[str, str, str], dict[str, Any]] = {}
     entries = BudgetLedger(out).load()
     for item in entries.values():

@@ -93,11 +93,41 @@ def _read_csv(uri: str) -> list[dict[str, str]]:
     return rows
 
 
+USAGE_HINT = ("fix the usage file: each usage value is a finite number >= 0 (an owner without usage is 0); "
+              "the split uses the other rows until then")
+
+
+def _unusable(text: str) -> str | None:
+    """Why a usage value cannot weigh a split (negative, NaN, infinite), or None if it can;
+    ValueError if it is not a number at all (the file is then malformed)."""
+    try:
+        return "is negative" if Fraction(text) < 0 else None
+    except (ValueError, ZeroDivisionError):
+        number = float(text)  # ValueError: not a number at all
+        return "is not a finite number" if number != number or number in (float("inf"), float("-inf")) else None
+
+
+def _usable_rows(rows: list[dict[str, str]], columns: list[str]) -> tuple[list[dict[str, str]], list[str]]:
+    """The usage rows whose `columns` all hold a finite number >= 0, and one note per other row
+    (`row N (owner 'x'): COLUMN VALUE is negative`), rows numbered as in the file (header: row 1).
+    KeyError for a missing column, ValueError for a value that is not a number (malformed file)."""
+    kept, notes = [], []
+    for number, row in enumerate(rows, start=2):
+        problems = [f"{column} {row[column]!r} {why}" for column in columns if (why := _unusable(row[column]))]
+        if problems:
+            notes.append(f"row {number} (owner {row.get('owner', '')!r}): {', '.join(problems)}")
+        else:
+            kept.append(row)
+    return kept, notes
+
+
 def shared_splits(owners: OwnersFile, month: str, month_end: datetime) -> tuple[dict[str, Split], list[str]]:
     """The split of every shared rule for `month` from its usage file; warnings for rules that cannot split.
 
-    A rule without a usable usage file is skipped (its lines are attributed like any other) and
-    named in the warnings.
+    A rule without a usable usage file (unreadable, malformed, no positive weight) is skipped (its
+    lines are attributed like any other) and named in the warnings. A row whose usage value is
+    negative, NaN or infinite is left out of the split, the rest of the file still splits, and a
+    warning names the file, each such row, its owner and column, with a hint.
     """
     splits: dict[str, Split] = {}
     warnings: list[str] = []
@@ -113,6 +143,7 @@ def shared_splits(owners: OwnersFile, month: str, month_end: datetime) -> tuple[
             continue
         weights: dict[str, Fraction] = defaultdict(Fraction)
         try:
+            rows, notes = _usable_rows(rows, list(rule.weights) if rule.method == "usage_share" else ["gb_months"])
             if rule.method == "usage_share":
                 totals = {column: sum((Fraction(row[column]) for row in rows), Fraction(0)) for column in rule.weights}
                 for row in rows:
@@ -130,6 +161,10 @@ def shared_splits(owners: OwnersFile, month: str, month_end: datetime) -> tuple[
         except (KeyError, ValueError, ZeroDivisionError) as exc:
             warnings.append(f"shared rule {rule.id}: usage file {uri} malformed ({exc!r}); its lines are not split")
             continue
+        if notes:
+            shown = "; ".join(notes[:10]) + (f"; and {len(notes) - 10:,} more" if len(notes) > 10 else "")
+            warnings.append(f"shared rule {rule.id}: usage file {uri}: {len(notes):,} row(s) left out of the "
+                            f"split: {shown}\n  hint: {USAGE_HINT}")
         kept = sorted(owner for owner, weight in weights.items() if weight > 0 and owner)
         if not kept:
             warnings.append(f"shared rule {rule.id}: usage file {uri} gives no owner a positive weight")
@@ -234,7 +269,8 @@ class Attributor:
         self.splits = splits or {}
         self._tags: dict[str, _TagInfo] = {}
         self._keep_tags = any(rule.match.tag for rule in [*owners.rules, *owners.shared])
-        self.malformed_tags: list[int] = []
+        self.malformed_tags: list[int] = []  # their data rows (x_Row), the first 1000
+        self.malformed_tags_at: list[int] = []  # their positions among the lines, where `attribute` was told
         self.malformed_tags_count = 0
         self._lock = threading.Lock()
         self.owner_codes, self.source_codes, self.conflict_codes = _Codes(), _Codes(), _Codes()
@@ -306,9 +342,10 @@ class Attributor:
         assert result is not None  # a Match has at least one condition
         return result
 
-    def _decide(self, batch: pa.RecordBatch, sources: bool = True) -> _Decision:
+    def _decide(self, batch: pa.RecordBatch, sources: bool = True, first: int | None = None) -> _Decision:
         """Each line's owner, its source (unless not `sources`) and tag conflict, and its shared
-        rule, as numpy codes."""
+        rule, as numpy codes. `first`: the position of the batch's first line among all the lines
+        (malformed Tags are then noted by position too)."""
         length = len(batch)
         cache: dict = {}
         tags = batch.column("Tags")
@@ -320,7 +357,10 @@ class Attributor:
             bad = np.array([info.malformed for info in infos] + [False])[index]
             rows = batch.column("x_Row").filter(pa.array(bad)).to_pylist()
             with self._lock:
-                self.malformed_tags.extend(rows[: max(0, 1000 - len(self.malformed_tags))])
+                room = max(0, 1000 - len(self.malformed_tags))
+                self.malformed_tags.extend(rows[:room])
+                if first is not None:
+                    self.malformed_tags_at.extend((np.flatnonzero(bad)[:room] + first).tolist())
                 self.malformed_tags_count += len(rows)
         owner = _codes(info.owner for info in infos)[index]
         source = _codes(info.source for info in infos)[index] if sources else None
@@ -346,13 +386,16 @@ class Attributor:
             shared = None
         return _Decision(index, owner, source, conflict_per_value, shared, cache)
 
-    def attribute(self, batch: pa.RecordBatch) -> list[pa.RecordBatch]:
+    def attribute(self, batch: pa.RecordBatch, first: int | None = None) -> list[pa.RecordBatch]:
         """`batch` (LINES) as ALLOCATIONS batches: owner, its source, conflicts, then shared splits.
 
         Decisions are made per distinct value (tag string, account, service...) and broadcast to
         rows through their dictionary indices (numpy); CMDB rules look only at rows still unowned.
+        With `first` (the position of the batch's first line among the month's lines), the lines
+        with malformed Tags are also noted by position (`malformed_tags_at`, aligned with
+        `malformed_tags`), which `ingest.LineFiles` maps to their file.
         """
-        return self._allocations(batch, self._decide(batch))
+        return self._allocations(batch, self._decide(batch, first=first))
 
     def _allocations(self, batch: pa.RecordBatch, decision: _Decision) -> list[pa.RecordBatch]:
         length = len(batch)

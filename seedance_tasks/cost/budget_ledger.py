@@ -25,13 +25,13 @@ from pydantic import Field, ValidationError, field_serializer
 
 from seedance_tasks import lease, storage
 from seedance_tasks.errors import InputError, IntegrityError
+from seedance_tasks.cost.workdays import MONTH_PATTERN
 from seedance_tasks.settings_base import StrictModel
 from seedance_tasks.storage import Location
 
 FORMAT = "seedance.budget-ledger/1"
 LEDGER_PATH = f"{storage.SEEDANCE_DIR}/cost/budget-ledger.json"
 LEASE_NAME = "budget-ledger"
-MONTH_PATTERN = r"^\d{4}-(0[1-9]|1[0-2])$"
 Kind = Literal["anchor", "isolation", "flag", "confirmation", "deduction", "freeze"]
 
 
@@ -42,13 +42,14 @@ class LedgerTamperedError(IntegrityError):
 
 
 class Entry(StrictModel):
-    """One action: what (`kind`), for which month and owner, how much (to the cent, with currency)."""
+    """One action: what (`kind`), for which month and owner, how much (with currency)."""
 
     key: str = Field(..., min_length=1)
     kind: Kind
     month: str = Field(..., pattern=MONTH_PATTERN)
     owner: str | None = None
-    amount: Decimal | None = Field(None, description="money, exact; deductions are positive")
+    amount: Decimal | None = Field(None, description="money; a deduction is positive, the charge rounded half-up "
+                                 "to the currency's minor unit (`money.rounded`)")
     currency: str | None = Field(None, pattern=r"^[A-Z]{3}$")
     at: datetime
     details: dict[str, Any] = Field(default_factory=dict)

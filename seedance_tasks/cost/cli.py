@@ -53,16 +53,16 @@ def recover(
     def render(res: dict) -> None:
         from decimal import Decimal
 
-        from seedance_tasks.dashboard.svg import money  # cents, as the report shows them (outputs stay exact)
+        from seedance_tasks.cost.money import display  # as the report shows them (outputs stay exact)
 
         summary = res["summary"]
         for currency_code, entry in summary["currencies"].items():
             ranked = sorted(entry["by_owner"].items(), key=lambda item: (-abs(Decimal(item[1])), item[0]))
-            rows = [[owner, money(Decimal(amount))] for owner, amount in ranked[:25]]
+            rows = [[owner, display(Decimal(amount), currency_code)] for owner, amount in ranked[:25]]
             if len(ranked) > 25:
                 rows.append([f"... {len(ranked) - 25} more (see the statements)", ""])
-            rows.append(["(unallocated)", money(Decimal(entry["unallocated"]))])
-            rows.append(["TOTAL", money(Decimal(entry["total"]))])
+            rows.append(["(unallocated)", display(Decimal(entry["unallocated"]), currency_code)])
+            rows.append(["TOTAL", display(Decimal(entry["total"]), currency_code)])
             console.print(table(f"{month} {summary['basis']} by owner ({currency_code})", ["owner", "amount"], rows))
         console.print(
             f"{summary['lines']:,} lines, {summary['rejected_count']:,} rejected, "
@@ -113,10 +113,12 @@ def actions(
         console.print(table("idle resources", ["resource / step", "note"], rows or [["(none idle)", ""]]))
         from decimal import Decimal
 
+        from seedance_tasks.cost.money import display
+
         charges = sorted(((owner, currency, Decimal(amount)) for owner, by_currency in res["plan"]["charges"].items()
                           if owner != workflow.UNALLOCATED for currency, amount in by_currency.items()),
                          key=lambda row: (-abs(row[2]), row[0], row[1]))
-        rows = [[owner, f"{amount:.2f} {currency}"] for owner, currency, amount in charges[:25]]
+        rows = [[owner, display(amount, currency)] for owner, currency, amount in charges[:25]]
         if len(charges) > 25:
             rows.append([f"... {len(charges) - 25} more (see --json)", ""])
         console.print(table("deducted from each budget pool if its owner confirms", ["owner", "amount"],
@@ -140,13 +142,14 @@ def ledger(
     The ledger is verified first (a tampered or damaged one is an error naming the file).
     """
     from seedance_tasks.cost.actions import owner_positions
+    from seedance_tasks.cost.money import display
 
     positions = owner_positions(out)
 
     def render(rows: list[dict]) -> None:
         console.print(table("budget pools", ["owner", "month", "deducted", "frozen", "answer"], [
             [row["owner"], row["month"],
-             f"{row['deducted']:.2f} {row['currency']}" if row["deducted"] is not None else "-",
+             display(row["deducted"], row["currency"]) if row["deducted"] is not None else "-",
              row["frozen"] or "-", row["answer"] or "-"] for row in rows] or [["(no entries)", "", "", "", ""]]))
 
     emit(positions, as_json, render)

@@ -297,6 +297,49 @@ def as_dict(values: pa.Array) -> pa.Array:
     return pc.dictionary_encode(_text(values))
 
 
+SOURCE_KEY = "seedance.source"
+"""The schema-metadata key naming the billing file a batch of lines was read from (`normalise`)."""
+
+
+def source_of(batch: pa.RecordBatch) -> str | None:
+    """The billing file a batch of LINES (or a slice or filter of one) was read from; None if unknown."""
+    found = (batch.schema.metadata or {}).get(SOURCE_KEY.encode())
+    return None if found is None else found.decode()
+
+
+class LineFiles:
+    """Which billing file each staged line comes from, without a column per line: the files in
+    the order their lines were written, each with its number of lines (a file's lines are
+    contiguous, as the readers yield them). A few bytes per file, whatever the lines."""
+
+    def __init__(self, spans: list[list] | None = None):
+        self.names: list[str] = [name for name, _ in spans or []]
+        self.ends: list[int] = list(np.cumsum([count for _, count in spans or []], dtype=np.int64).tolist())
+
+    def add(self, name: str, count: int) -> None:
+        """`count` more lines written, read from `name`."""
+        if not count:
+            return
+        end = (self.ends[-1] if self.ends else 0) + count
+        if self.names and self.names[-1] == name:
+            self.ends[-1] = end
+        else:
+            self.names.append(name)
+            self.ends.append(end)
+
+    def file_at(self, position: int) -> str | None:
+        """The file of the line at `position` (0-based, in write order); None past the last line."""
+        import bisect
+
+        index = bisect.bisect_right(self.ends, position)
+        return self.names[index] if index < len(self.names) else None
+
+    def to_json(self) -> list[list]:
+        """`[[file, lines], ...]` in write order (what `LineFiles(spans)` takes back)."""
+        starts = [0, *self.ends][:-1]
+        return [[name, end - start] for name, start, end in zip(self.names, starts, self.ends, strict=True)]
+
+
 def per_value(values: pa.Array, function) -> pa.Array:
     """`function` applied to each distinct value of a dictionary array (or to every value)."""
     if pa.types.is_dictionary(values.type):
@@ -316,7 +359,8 @@ def normalise(
     narrows the cost columns read and checked (an allocation on one basis needs only that one);
     the other comes back null. `known` adds rejections the caller found ({index: (column, reason)}).
     `carry` names source columns kept as they are (typed, see `lines_schema`); a malformed value
-    of a carried cost, number or timestamp rejects the row.
+    of a carried cost, number or timestamp rejects the row. The batch names `source` in its
+    schema's metadata (`source_of`), not in a column: lines carry no per-line file name.
     """
     length = len(next(iter(columns.values()))) if columns else 0
     reasons: dict[int, tuple[str, str]] = dict(known or {})
@@ -394,7 +438,7 @@ def normalise(
             note(index, "x_Estimated", f"malformed x_Estimated: {reason}")
     out["x_Row"] = pa.array(np.arange(first_row, first_row + length, dtype=np.int64))
 
-    schema = lines_schema(carry) if carry else LINES
+    schema = (lines_schema(carry) if carry else LINES).with_metadata({SOURCE_KEY: source})
     batch = pa.RecordBatch.from_arrays([out[field.name] for field in schema], schema=schema)
     rejected: Rejected = []
     if reasons:

@@ -1,4 +1,6 @@
-"""Exact money: Decimal amounts, the Arrow type they travel in, and largest-remainder splits."""
+"""Exact money: Decimal amounts, the Arrow type they travel in, largest-remainder splits, and the one
+rule for an amount a person reads (`rounded`, `display`): half-up, away from zero, to the currency's
+minor unit."""
 
 from __future__ import annotations
 
@@ -6,12 +8,13 @@ import functools
 import math
 import re
 from collections.abc import Callable, Sequence
-from decimal import ROUND_HALF_EVEN, Context, Decimal, localcontext
+from decimal import ROUND_HALF_EVEN, ROUND_HALF_UP, Context, Decimal, localcontext
 from fractions import Fraction
 from typing import Any, TypeVar
 
 import numpy as np
 import pyarrow as pa
+from babel.numbers import get_currency_precision
 
 SCALE = 12
 """Decimal places kept for every amount (FOCUS exports carry up to 10-11)."""
@@ -147,6 +150,30 @@ def fmt(value: Decimal) -> str:
     if value == 0:
         return "0"
     return format(value.normalize(CONTEXT), "f")
+
+
+@functools.lru_cache(maxsize=512)
+def minor_units(currency: str | None) -> int:
+    """Decimal places an amount in `currency` is shown and deducted with: the currency's minor unit as
+    babel (CLDR) gives it (USD 2, JPY 0, KWD 3); 2 for None, an empty code or a code babel does not know."""
+    return get_currency_precision(currency.strip().upper()) if currency and currency.strip() else 2
+
+
+def rounded(amount: Decimal | int | str, currency: str | None) -> Decimal:
+    """`amount` rounded half-up (ties away from zero, so -3.005 -> -3.01) to `currency`'s minor unit,
+    with exactly that many places; a result of zero is never negative."""
+    value = Decimal(amount).quantize(Decimal(1).scaleb(-minor_units(currency)), rounding=ROUND_HALF_UP,
+                                     context=CONTEXT)
+    return value if value else abs(value)
+
+
+def display(amount: Decimal | int | str, currency: str | None) -> str:
+    """`amount` as a person reads it: `rounded`, thousands separators, a leading minus when negative,
+    then the currency code (`-1,234.57 USD`, `1,235 JPY`, `1.235 KWD`); None or an empty currency shows
+    the number alone, at 2 places (`1,234.57`)."""
+    value = rounded(amount, currency)
+    text = f"{value:,.{minor_units(currency)}f}"
+    return f"{text} {currency}" if currency else text
 
 
 def largest_remainder(total: Decimal, weights: Sequence[Fraction | Decimal | int], quantum: Decimal) -> list[Decimal]:

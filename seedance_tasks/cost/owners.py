@@ -29,10 +29,10 @@ import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from seedance_tasks.config import StrictModel
+from seedance_tasks.cost.workdays import MONTH_PATTERN
 from seedance_tasks.errors import YAML_HINT, ConfigError, yaml_problem
 from seedance_tasks.notifiers import WebhookRef, email_list
 
-MONTH_RE = r"^\d{4}-(0[1-9]|1[0-2])$"
 
 
 def norm_key(key: str) -> str:
@@ -121,8 +121,8 @@ class Budget(StrictModel):
 
 class Approval(StrictModel):
     owner: str
-    from_month: str = Field(..., pattern=MONTH_RE)
-    to_month: str = Field(..., pattern=MONTH_RE, description="inclusive")
+    from_month: str = Field(..., pattern=MONTH_PATTERN)
+    to_month: str = Field(..., pattern=MONTH_PATTERN, description="inclusive")
     up_to: Decimal = Field(..., ge=0, description="spend the approval covers, in `currency`")
     currency: str = "USD"
 

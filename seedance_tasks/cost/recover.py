@@ -42,7 +42,15 @@ from seedance_tasks.cost.allocate import (
     in_month,
     shared_splits,
 )
-from seedance_tasks.cost.ingest import CURRENCY_RE, MAX_REJECTED, carried_columns, lines_schema, month_bounds
+from seedance_tasks.cost.ingest import (
+    CURRENCY_RE,
+    MAX_REJECTED,
+    LineFiles,
+    carried_columns,
+    lines_schema,
+    month_bounds,
+    source_of,
+)
 from seedance_tasks.cost.money import exact, fmt
 from seedance_tasks.cost.owners import load_owners
 from seedance_tasks.errors import InputError, IntegrityError, SeedanceError, UsageError
@@ -231,6 +239,7 @@ def ingest_stage(data: dict[str, Any]) -> dict[str, Any]:
     # source's lines get the FOCUS columns its mapping gives (cur_focus)
     carry = (carried_columns(job.billing, reserved=ALLOCATED_NAMES) if job.format == "focus"
              else list(cur_focus.CARRY) if job.format == "cur" else [])
+    files = LineFiles()  # which file each staged line comes from: a few bytes per file, no column per line
     with _parquet_output(root, job.work_path("lines.parquet"), lines_schema(carry), intermediate=True) as writer:
         for batch, bad in _batches(job, settings, info, carry):
             info["rows_read"] += len(batch) + len(bad)
@@ -243,7 +252,9 @@ def ingest_stage(data: dict[str, Any]) -> dict[str, Any]:
             info["rows_in_month"] += len(kept)
             if len(kept):
                 writer.write_batch(kept)
-    info.update(rejected=rejected, rejected_count=rejected_count, warnings=_skipped_warning(job))
+                files.add(source_of(kept) or job.billing, len(kept))
+    info.update(rejected=rejected, rejected_count=rejected_count, warnings=_skipped_warning(job),
+                files=files.to_json())
     storage.write_json_atomic(root.fs, job.work_path("ingest.json"), info)
     result = {"rows_read": info["rows_read"], "rows_in_month": info["rows_in_month"], "rejected": rejected_count}
     if "cost_explorer" in info:  # pages queried (and their price) or served from the cache
@@ -265,16 +276,21 @@ def allocate_stage(data: dict[str, Any]) -> dict[str, Any]:
     try:
         lines = pq.ParquetFile(source, pre_buffer=False)  # pre_buffer keeps every chunk read until the end
         with _parquet_output(root, job.work_path("allocations.parquet"), allocations_schema(lines.schema_arrow)) as writer:
+            position = 0  # of the batch's first line in lines.parquet (in write order: `LineFiles`)
             for batch in lines.iter_batches(batch_size=settings.batch_rows):
-                for out in attributor.attribute(batch):
+                for out in attributor.attribute(batch, first=position):
                     totals.add(out)
                     writer.write_batch(out)
+                position += len(batch)
     finally:
         source.close()
+    files = LineFiles(storage.read_json(root.fs, job.work_path("ingest.json")).get("files", []))
     result = totals.to_json()
     result["warnings"] = warnings
     result["shared"] = {rule_id: split.details for rule_id, split in sorted(splits.items())}
     result["malformed_tags"] = attributor.malformed_tags[:100]
+    result["malformed_tags_files"] = [files.file_at(position) or job.billing
+                                      for position in attributor.malformed_tags_at[:100]]
     result["malformed_tags_count"] = attributor.malformed_tags_count
     storage.write_json_atomic(root.fs, job.work_path("totals.json"), result)
     currencies = totals.currencies()
@@ -429,6 +445,7 @@ def statements_stage(data: dict[str, Any]) -> dict[str, Any]:
         "allocated_lines": totals_json["lines"],
         "tag_conflicts": {"count": totals_json["conflicts"], "sample": totals_json["conflict_sample"]},
         "malformed_tags_rows": totals_json["malformed_tags"],
+        "malformed_tags": _malformed_tags(job, totals_json),
         "shared": totals_json["shared"],
         "warnings": ingest.get("warnings", []) + _empty_month_warning(job, ingest)
         + _malformed_tags_warning(job, totals_json)
@@ -469,14 +486,28 @@ def _empty_month_warning(job: Job, ingest: dict[str, Any]) -> list[str]:
             f"none valid and dated in the month"]
 
 
+def _malformed_tags(job: Job, totals_json: dict[str, Any]) -> list[dict[str, Any]]:
+    """The first lines whose Tags are malformed, as `{"file", "row"}` (row: the file's 1-based data row)."""
+    files = totals_json.get("malformed_tags_files") or []
+    return [{"file": files[index] if index < len(files) else job.billing, "row": row}
+            for index, row in enumerate(totals_json["malformed_tags"])]
+
+
 def _malformed_tags_warning(job: Job, totals_json: dict[str, Any]) -> list[str]:
-    """A warning naming the first lines whose Tags are malformed (they are attributed as if untagged)."""
+    """A warning naming the first lines whose Tags are malformed, each by file and data row (they
+    are attributed as if untagged), with a hint."""
     count = totals_json.get("malformed_tags_count", 0)
     if not count:
         return []
-    rows = ", ".join(str(row) for row in totals_json["malformed_tags"][:10])
+    by_file: dict[str, list[int]] = {}
+    for item in _malformed_tags(job, totals_json)[:10]:
+        by_file.setdefault(item["file"], []).append(item["row"])
+    shown = "; ".join(f"{name} data row{'s' if len(rows) > 1 else ''} {', '.join(map(str, rows))}"
+                      for name, rows in by_file.items())
     return [f"{count:,} lines of {job.billing} have malformed Tags (not a JSON object of strings), attributed as "
-            f"untagged: data rows {rows}{' ...' if count > 10 else ''} (malformed_tags_rows in summary.json)"]
+            f"untagged: {shown}{' ...' if count > 10 else ''} (malformed_tags in summary.json)\n"
+            "  hint: fix the Tags of those rows at the source: a JSON object of strings, e.g. "
+            '{"owner": "team-a"}']
 
 
 def check_stage(data: dict[str, Any]) -> dict[str, Any]:

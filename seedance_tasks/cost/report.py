@@ -10,7 +10,8 @@ from decimal import Decimal
 from html import escape
 from typing import Any
 
-from seedance_tasks.dashboard.svg import hbars, money
+from seedance_tasks.cost.money import display
+from seedance_tasks.dashboard.svg import hbars
 
 TOP = 25  # owners, services and idle resources drawn per chart
 
@@ -29,18 +30,19 @@ def bar_chart(title: str, items: list[tuple[str, Decimal]], currency: str, *, ze
     a note says how many zero amounts and how many smaller ones are not drawn."""
     notes = []
     if zero:
-        notes.append(f"{zero:,} at 0.00 {currency} not shown")
+        notes.append(f"{zero:,} at {display(0, currency)} not shown")
     if more:
         notes.append(f"{more:,} smaller ones not shown")
     note = f"<p class='none'>{escape('; '.join(notes))}.</p>" if notes else ""
-    return f"<h3>{escape(title)}</h3>" + hbars(title, items, lambda value: money(value, currency)) + note
+    return f"<h3>{escape(title)}</h3>" + hbars(title, items, lambda value: display(value, currency)) + note
 
 
 def render_report(summary: dict[str, Any], trend: list[dict[str, Any]]) -> str:
     """The report page for `summary`; `trend` is the summaries of up to 12 months ending with it.
 
-    Money is rounded to cents with its currency; owners at zero are counted, not drawn; negative
-    amounts (credits) are drawn left of the axis; an empty month says so.
+    Money is shown by `cost.money.display` (half-up to the currency's minor unit, with its code);
+    owners at zero are counted, not drawn; negative amounts (credits) are drawn left of the axis;
+    an empty month says so.
     """
     month = summary["month"]
     sections = []
@@ -55,9 +57,9 @@ def render_report(summary: dict[str, Any], trend: list[dict[str, Any]]) -> str:
         owners, zero, more = _ranked(by_owner)
         sections.append(
             f"<h2>{escape(currency)}</h2><p>Total ({escape(summary['basis'])}): "
-            f"<b>{escape(money(Decimal(entry['total']), currency))}</b> &middot; invoice (BilledCost): "
-            f"{escape(money(Decimal(entry['invoice_total']), currency))} &middot; unallocated: "
-            f"{escape(money(Decimal(entry['unallocated']), currency))}</p>"
+            f"<b>{escape(display(Decimal(entry['total']), currency))}</b> &middot; invoice (BilledCost): "
+            f"{escape(display(Decimal(entry['invoice_total']), currency))} &middot; unallocated: "
+            f"{escape(display(Decimal(entry['unallocated']), currency))}</p>"
         )
         sections.append(bar_chart(f"Cost by owner ({currency})", owners, currency, zero=zero, more=more))
         points = [(item["month"], Decimal(item["currencies"].get(currency, {}).get("unallocated", "0")))
@@ -71,7 +73,7 @@ def render_report(summary: dict[str, Any], trend: list[dict[str, Any]]) -> str:
     if idle:
         rows = "".join(
             f"<tr><td>{escape(item['resource_id'])}</td><td>{escape(item.get('owner') or 'unallocated')}</td>"
-            f"<td>{escape(', '.join(money(Decimal(v), c) for c, v in item.get('cost', {}).items()))}</td>"
+            f"<td>{escape(', '.join(display(Decimal(v), c) for c, v in item.get('cost', {}).items()))}</td>"
             f"<td>{escape(str(item['max_cpu_percent']))}%</td></tr>"
             for item in idle
         )
@@ -85,8 +87,8 @@ def render_report(summary: dict[str, Any], trend: list[dict[str, Any]]) -> str:
         sections.append("<h2>Top idle resources</h2><p class='none'>none found (or no utilization data)</p>")
     if summary.get("over_budget"):
         rows = "".join(
-            f"<tr><td>{escape(item['owner'])}</td><td>{escape(money(Decimal(item['spend']), item['currency']))}</td>"
-            f"<td>{escape(money(Decimal(item['budget']), item['currency']))}</td>"
+            f"<tr><td>{escape(item['owner'])}</td><td>{escape(display(Decimal(item['spend']), item['currency']))}</td>"
+            f"<td>{escape(display(Decimal(item['budget']), item['currency']))}</td>"
             f"<td>+{escape(str(item['over_percent']))}%</td><td>{'yes' if item['approved'] else 'no'}</td></tr>"
             for item in summary["over_budget"]
         )

@@ -63,7 +63,10 @@ class WorkCalendar:
         return count
 
 
-MONTH_RE = re.compile(r"\d{4}-(0[1-9]|1[0-2])")
+MONTH_PATTERN = r"^[0-9]{4}-(0[1-9]|1[0-2])$"
+"""A month, YYYY-MM, as a JSON-schema / pydantic pattern (ASCII digits only); `parse_month` also
+checks its range."""
+MONTH_RE = re.compile(MONTH_PATTERN)
 LAST_MONTH = "9998-12"
 """The last month Seedance takes: a later one's deadlines and bounds would pass year 9999."""
 

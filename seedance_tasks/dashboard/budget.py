@@ -1,8 +1,8 @@
 """The budget pools view: what the cost actions workflow deducted and froze, per owner and month.
 
 Reads the budget ledger of a chargeback output root (`OUT/_seedance/cost/budget-ledger.json`,
-see `cost.budget_ledger`); amounts are the ledger's exact Decimals, shown to the cent with
-their currency. A tampered or malformed ledger is shown as an error, never half-read.
+see `cost.budget_ledger`); amounts are the ledger's Decimals, shown by `svg.money` (the currency's
+minor unit, with its code). A tampered or malformed ledger is shown as an error, never half-read.
 """
 
 from __future__ import annotations

@@ -2,8 +2,9 @@
 No script, no external resource.
 
 Every string that comes from data (owner names, URIs, reasons, run ids) goes through `escape`;
-money is rounded to cents and printed with its currency; negative amounts are shown (red, and
-below the axis in charts). Links are relative, so the pages work under any base URL and framed.
+money is shown by `cost.money.display` (half-up to the currency's minor unit, with its code);
+negative amounts are shown (red, and below the axis in charts). Links are relative, so the pages
+work under any base URL and framed.
 """
 
 from __future__ import annotations
@@ -77,7 +78,8 @@ def _cell(cell: Any, numeric: bool) -> str:
 
 
 def amount(value: Decimal | None, currency: str | None = None, **data: str) -> Raw:
-    """A money cell: rounded to cents with the currency, red when negative, `data-*` attributes for tests and tools."""
+    """A money cell: `svg.money` (the currency's minor unit, with its code), red when negative,
+    `data-*` attributes for tests and tools."""
     attributes = "".join(f" data-{key}='{escape(str(val), quote=True)}'" for key, val in data.items())
     if value is None:
         return Raw(f"<span class='none'{attributes}>no data</span>")
@@ -209,7 +211,7 @@ def _currency_section(view) -> str:
     numeric = tuple(range(1, len(view.months) + 1))
     parts.append(table([f"owner ({currency})", *view.months], rows, "", numeric=numeric))
     if zero:
-        parts.append(f"<p class='muted'>{zero:,} owner(s) at 0.00 {escape(currency)} in every month are not listed; "
+        parts.append(f"<p class='muted'>{zero:,} owner(s) at {escape(svg.money(0, currency))} in every month are not listed; "
                      "each owner's statement is in the month's <code>statements/</code>.</p>")
     parts.append(f"<h3>{escape(currency)}: movers against the previous month</h3>")
     parts.append(table(
@@ -311,6 +313,8 @@ def safety_page(sources: Sources, runs: list[dict[str, Any]] | None, runs_error:
                              when(item["acquired_at"]), when(item["heartbeat_at"]),
                              "stale (may be taken over)" if item["stale"] else "held"] for item in status["leases"]],
                            "No lease held."))
+        for item in status.get("damaged_leases", []):
+            parts.append(error_box(f"error: {item['error']}" + (f" hint: {item['hint']}" if item["hint"] else "")))
     return layout("Data safety", "safety", "".join(parts))
 
 

@@ -34,10 +34,12 @@ def root_status(uri: str, now: datetime | None = None) -> dict[str, Any]:
         entry["bytes"] += info.size or 0
     now = now or datetime.now(UTC)
     leases = []
-    for record in lease.list_leases(root):
+    damaged: list = []
+    for record in lease.list_leases(root, damaged):
         leases.append({"name": record.name, "holder": record.holder, "purpose": record.purpose, "host": record.host,
                        "pid": record.pid, "acquired_at": record.acquired_at.isoformat(),
                        "heartbeat_at": record.heartbeat_at.isoformat(), "ttl_s": record.ttl_s,
                        "stale": record.stale(now)})
     return {"uri": root.uri, "quarantined": quarantined, "quarantined_without_reason": unexplained,
-            "trash": sorted(trash.values(), key=lambda t: t["run_id"]), "leases": leases}
+            "trash": sorted(trash.values(), key=lambda t: t["run_id"]), "leases": leases,
+            "damaged_leases": [{"error": exc.message, "hint": exc.hint} for exc in damaged]}

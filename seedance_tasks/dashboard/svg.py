@@ -2,15 +2,17 @@
 
 Every label is HTML-escaped; a label longer than fits is cut with an ellipsis and its full text
 (with the value) is in a `<title>` tooltip. Amounts are Decimal; the caller says how to print one
-(`value_text`), so money is rounded to cents with its currency. Output depends only on the input,
+(`value_text`), so money is shown by the one money rule (`seedance_tasks.cost.money.display`). Output depends only on the input,
 so the same data renders the same bytes.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from decimal import ROUND_HALF_UP, Decimal
+from decimal import Decimal
 from html import escape
+
+from seedance_tasks.cost.money import display
 
 POSITIVE = "#3b6ea8"
 NEGATIVE = "#b5473a"
@@ -18,16 +20,13 @@ PALETTE = ("#3b6ea8", "#e08a2c", "#4b9c5a", "#8a5fb0", "#c9a227", "#2f9ea5", "#d
            "#a0522d", "#5470c6")
 OTHER = "#9aa3ad"
 UNALLOCATED = "#cf4b3e"
-CENT = Decimal("0.01")
 _FONT = "font-family='system-ui,sans-serif' font-size='12'"
 
 
 def money(value: Decimal, currency: str | None = None) -> str:
-    """`value` rounded half-up to cents with thousands separators and the currency: `-1,234.57 USD`."""
-    text = f"{Decimal(value).quantize(CENT, rounding=ROUND_HALF_UP):,.2f}"
-    if text == "-0.00":
-        text = "0.00"
-    return f"{text} {currency}" if currency else text
+    """`value` as `cost.money.display` shows it: half-up to the currency's minor unit, thousands
+    separators, the currency code (`-1,234.57 USD`, `1,235 JPY`)."""
+    return display(value, currency)
 
 
 def clip(label: str, chars: int) -> str:

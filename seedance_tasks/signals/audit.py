@@ -15,6 +15,7 @@ from datetime import date
 from typing import Any
 
 from seedance_tasks import storage
+from seedance_tasks.cost.money import display
 from seedance_tasks.errors import UsageError
 from seedance_tasks.signals.model import SEVERITIES, Finding, Skipped
 from seedance_tasks.signals.registry import RULES
@@ -93,11 +94,13 @@ def merge(day: date, results: list[dict[str, Any]], previous: dict[str, Any] | N
 def run_audit(day: date, inputs: Inputs, out: str | None = None) -> dict[str, Any]:
     """Evaluate every rule for `day`, merge with the previous night under `out`, write the outputs
     there (when `out` is given) and return the night's document; `billing` and `warnings` in it say
-    which billing rows the rules could not use."""
+    which billing rows the rules could not use, and `billing_skipped` why the billing rules were
+    skipped (no source configured, or a source present but leaving no line), null when they ran."""
     root = storage.resolve(out) if out else None
     night = merge(day, [evaluate_rule(rule_id, day, inputs) for rule_id in RULES], previous_night(root, day))
     problems = inputs.billing_problems
-    night["warnings"] = problems.warnings() if problems else []
+    night["warnings"] = problems.warnings(inputs.billing_uri) if problems else []
+    night["billing_skipped"] = inputs.billing_skipped
     if problems:
         night["billing"] = problems.to_json()
     if root is not None:
@@ -148,7 +151,8 @@ def write_night(root: storage.Location, night: dict[str, Any]) -> dict[str, str]
 
 
 def render_html(night: dict[str, Any]) -> str:
-    """A self-contained HTML page of the night: one row per signal, then every open finding."""
+    """A self-contained HTML page of the night: one row per signal, why the billing rules were
+    skipped (if they were) and the warnings, then every open finding."""
     e = html.escape
     lines = [f"<!doctype html><meta charset=utf-8><title>Seedance signals {e(night['date'])}</title>",
              f"<h1>Cost signals, night of {e(night['date'])}</h1><table border=1>",
@@ -156,11 +160,17 @@ def render_html(night: dict[str, Any]) -> str:
     for signal in night["signals"]:
         state = f"skipped: {signal['skipped']}" if "skipped" in signal else ("fired" if signal["fired"] else "silent")
         lines.append(f"<tr><td>{e(signal['id'])}</td><td>{e(state)}</td><td>{len(signal['findings'])}</td></tr>")
-    lines.append("</table><h2>Open findings</h2><table border=1><tr><th>severity</th><th>finding</th><th>at stake"
+    lines.append("</table>")
+    if night.get("billing_skipped"):
+        lines.append(f"<p>Billing rules skipped: {e(night['billing_skipped'])}</p>")
+    if night.get("warnings"):
+        lines.append("<h2>Warnings</h2><ul>" + "".join(f"<li>{e(w)}</li>" for w in night["warnings"]) + "</ul>")
+    lines.append("<h2>Open findings</h2><table border=1><tr><th>severity</th><th>finding</th><th>at stake"
                  "/month</th><th>since</th><th>fix</th></tr>")
     for f in night_findings(night):
         fix = f"{f['fix']['dag_id']} {json.dumps(f['fix']['conf'])}" if f.get("fix") else ""
-        lines.append(f"<tr><td>{e(f['severity'])}</td><td>{e(f['summary'])}</td><td>{e(f['at_stake'])} "
-                     f"{e(f['currency'])}</td><td>{e(f['first_seen'])}</td><td>{e(fix)}</td></tr>")
+        stake = display(f["at_stake"], f["currency"])
+        lines.append(f"<tr><td>{e(f['severity'])}</td><td>{e(f['summary'])}</td><td>{e(stake)}</td>"
+                     f"<td>{e(f['first_seen'])}</td><td>{e(fix)}</td></tr>")
     lines.append("</table>")
     return "\n".join(lines) + "\n"

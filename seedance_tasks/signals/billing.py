@@ -10,6 +10,7 @@ from decimal import Decimal
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from seedance_tasks.cost.money import display
 from seedance_tasks.signals.model import Finding, Skipped, dollars, require_metrics, severity_for
 from seedance_tasks.signals.sources import daily, in_days, increase
 
@@ -238,8 +239,8 @@ class CostSurge:
                     at_stake = dollars((today - median) * 30)
                     findings.append(Finding(
                         self.id, f"{dimension}={name}", severity_for(at_stake, settings),
-                        f"{dimension} {name}: {today:.2f} {currency} on {day} against a median of {median:.2f} "
-                        f"(MAD {mad:.2f}) with usage flat",
+                        f"{dimension} {name}: {display(today, currency)} on {day} against a median of "
+                        f"{display(median, currency)} (MAD {display(mad, currency)}) with usage flat",
                         {"spend": str(today), "median": str(median), "mad": str(mad), "k": str(settings.surge_k),
                          "usage": usage_today, "usage_median": usage_median},
                         at_stake, currency, owner=name if dimension == "owner" else None,

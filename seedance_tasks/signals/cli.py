@@ -46,12 +46,15 @@ def run(
         err_console.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False, soft_wrap=True)
 
     def render(doc: dict) -> None:
+        from seedance_tasks.cost.money import display
+
         rows = [[s["id"], "skipped" if "skipped" in s else ("FIRED" if s["fired"] else "silent"),
                  len(s["findings"]), s.get("skipped", "")] for s in doc["signals"]]
         console.print(table(f"signals, night of {doc['date']}", ["signal", "state", "findings", "note"], rows))
         for signal in doc["signals"]:
             for f in signal["findings"]:
-                console.print(f"[{f['severity']}] {f['summary']} ({f['at_stake']} {f['currency']}/month)", markup=False)
+                stake = display(f["at_stake"], f["currency"])
+                console.print(f"[{f['severity']}] {f['summary']} ({stake}/month)", markup=False)
 
     emit(night, as_json, render)
 

@@ -83,6 +83,8 @@ def demo(workspace: Path, airflow: DemoAirflow) -> DemoResult:
     """Tonight's audit through Airflow, then each fix its Asset events carry."""
     import json
 
+    from seedance_tasks.cost.money import display
+
     folder = workspace / "signals"
     if folder.exists():  # a fresh ledger each time: the demo announces and triggers again
         shutil.rmtree(folder)
@@ -115,7 +117,7 @@ def demo(workspace: Path, airflow: DemoAirflow) -> DemoResult:
             else:
                 stake = sum(Decimal(f["at_stake"]) for f in items)
                 more = f" (and {len(items) - 1} more)" if len(items) > 1 else ""
-                text = f"{items[0]['summary']}{more}; at stake {stake} {items[0]['currency']}/month"
+                text = f"{items[0]['summary']}{more}; at stake {display(stake, items[0]['currency'])}/month"
             figures.append((f"fired: {signal['id']} ({len(items)})", text))
         for signal, target, state in triggered:
             dry = target["conf"].get("dry_run") or target["conf"].get("apply") is False

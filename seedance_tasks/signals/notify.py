@@ -10,6 +10,7 @@ import json
 from typing import Any
 
 from seedance_tasks import storage
+from seedance_tasks.cost.money import display
 from seedance_tasks.cost.notify import Ledger
 from seedance_tasks.notifiers import NotificationSettings, send_email, send_webhook
 from seedance_tasks.signals.audit import night_findings
@@ -37,7 +38,7 @@ def message(finding: dict[str, Any]) -> tuple[str, str]:
     verb = "escalated" if finding["change"] == "escalated" else "new"
     subject = f"[seedance {finding['severity']}] {finding['signal']} ({verb}): {finding['key']}"
     fix = finding.get("fix")
-    lines = [finding["summary"], f"at stake: {finding['at_stake']} {finding['currency']} a month",
+    lines = [finding["summary"], f"at stake: {display(finding['at_stake'], finding['currency'])} a month",
              "evidence: " + json.dumps(finding["evidence"], sort_keys=True),
              f"fix: DAG {fix['dag_id']} conf {json.dumps(fix['conf'], sort_keys=True)}" if fix else "fix: none automatic",
              f"first seen {finding['first_seen']}, last seen {finding['last_seen']}"]

@@ -117,12 +117,15 @@ def _focus_lines(uri: str, basis: str, batch_rows: int, default_currency: str | 
 class BillingProblems:
     """What the audit could not use of the billing lines, as `{"file", "row", "column", "reason"}`
     samples (the first `ingest.MAX_REJECTED` of each) and counts: rows rejected (left out of every
-    rule) and rows whose ConsumedQuantity is not a number (kept, their quantity unknown)."""
+    rule) and rows whose ConsumedQuantity is not a number (kept, their quantity unknown).
+    `lines_kept` counts the lines the rules can use: none with rows rejected means every row was."""
 
     rejected: list[dict[str, Any]] = field(default_factory=list)
     rejected_count: int = 0
+    rejected_by_file: dict[str, int] = field(default_factory=dict)
     quantity_unknown: list[dict[str, Any]] = field(default_factory=list)
     quantity_unknown_count: int = 0
+    lines_kept: int = 0
 
     def add(self, kind: str, items: list[dict[str, Any]]) -> None:
         from seedance_tasks.cost.ingest import MAX_REJECTED
@@ -131,25 +134,67 @@ class BillingProblems:
         sample.extend({key: item[key] for key in ("file", "row", "column", "reason")}
                       for item in items[: max(0, MAX_REJECTED - len(sample))])
         setattr(self, f"{kind}_count", getattr(self, f"{kind}_count") + len(items))
+        if kind == "rejected":
+            for item in items:
+                self.rejected_by_file[item["file"]] = self.rejected_by_file.get(item["file"], 0) + 1
+
+    @property
+    def all_rejected(self) -> bool:
+        """True when the source had rows and every one of them was rejected (no line to audit)."""
+        return bool(self.rejected_count) and not self.lines_kept
+
+    @property
+    def empty(self) -> bool:
+        """True when the source holds no data row at all (a header only)."""
+        return not self.rejected_count and not self.lines_kept
 
     def to_json(self) -> dict[str, Any]:
-        """The problems, each sample with `*_truncated` saying whether it lists fewer rows than counted."""
+        """The problems, each sample with `*_truncated` saying whether it lists fewer rows than counted,
+        `rejected_by_file` the count per file and `all_rejected` whether no line was left to audit."""
         return {"rejected_count": self.rejected_count, "rejected": self.rejected,
                 "rejected_truncated": self.rejected_count > len(self.rejected),
+                "rejected_by_file": dict(sorted(self.rejected_by_file.items())), "all_rejected": self.all_rejected,
                 "quantity_unknown_count": self.quantity_unknown_count, "quantity_unknown": self.quantity_unknown,
                 "quantity_unknown_truncated": self.quantity_unknown_count > len(self.quantity_unknown)}
 
-    def warnings(self) -> list[str]:
-        """One line per kind of problem: the count and the first rows (file:row: reason)."""
+    def _shown(self, sample: list[dict[str, Any]], count: int) -> str:
+        shown = "; ".join(f"{item['file']}:{item['row']}: {item['reason']}" for item in sample[:3])
+        return shown + (f" (and {count - 3:,} more, see --json)" if count > 3 else "")
+
+    def skip_reason(self, uri: str) -> str | None:
+        """Why the billing rules are skipped when the source at `uri` left no line (every row
+        rejected, or no data row): a source present but unusable, unlike none configured. None
+        when there are lines."""
+        if self.all_rejected:
+            return (f"billing source {uri} is present but unusable: all {self.rejected_count:,} rows rejected "
+                    "(see the warnings)")
+        if self.empty:
+            return f"billing source {uri} is present but has no data rows"
+        return None
+
+    def warnings(self, uri: str | None = None) -> list[str]:
+        """One line per kind of problem: the count and the first rows (file:row: reason). When every
+        row was rejected, that line says so, that the billing rules are skipped, and ends with a hint."""
         out = []
+        if self.empty:
+            out.append(f"billing source {uri or '?'} has no data rows (a header only): the billing rules are "
+                       "skipped, the others ran\n  hint: check that the export finished, or point --billing / "
+                       "signals.billing_uri at the right file")
         for kind, what in (("rejected", "billing row(s) rejected, left out of the audit"),
                            ("quantity_unknown", "billing row(s) with a ConsumedQuantity that is not a number, "
                             "their usage taken as unknown")):
             count, sample = getattr(self, f"{kind}_count"), getattr(self, kind)
-            if count:
-                shown = "; ".join(f"{item['file']}:{item['row']}: {item['reason']}" for item in sample[:3])
-                more = f" (and {count - 3:,} more, see --json)" if count > 3 else ""
-                out.append(f"{count:,} {what}: {shown}{more}")
+            if not count:
+                continue
+            if kind == "rejected" and self.all_rejected:
+                files = ", ".join(f"{name}: {number:,}" for name, number in sorted(self.rejected_by_file.items()))
+                out.append(f"billing source {uri or '?'}: all {count:,} billing rows rejected ({files}), no line "
+                           f"left to audit: {self._shown(sample, count)}; the billing rules are skipped, the others "
+                           "ran\n  hint: fix those rows at the source or export the file again "
+                           "(`seedance cost recover` lists every rejected row), or point --billing / "
+                           "signals.billing_uri at the right file")
+                continue
+            out.append(f"{count:,} {what}: {self._shown(sample, count)}")
         return out
 
 
@@ -166,11 +211,22 @@ def _quantities(values: pa.Array, batch: pa.RecordBatch, source: str) -> tuple[p
     return pc.fill_null(quantity, 0.0), problems
 
 
+def _no_lines() -> pa.Table:
+    """An empty table of the billing lines the rules read (`load_billing` with no line left)."""
+    from seedance_tasks.cost.money import MONEY
+
+    return pa.schema([("day", pa.date32()), ("currency", pa.string()), ("cost", MONEY), ("quantity", pa.float64()),
+                      ("kind", pa.string()), ("service", pa.string()), ("owner", pa.string()),
+                      ("resource", pa.string())]).empty_table()
+
+
 def load_billing(uri: str, settings, *, basis: str = "EffectiveCost", batch_rows: int = 500_000,
                  default_currency: str | None = None) -> tuple[pa.Table, BillingProblems]:
     """The billing lines at `uri` as one table: day, currency, cost (decimal), quantity, kind,
     service, owner, resource; and the problems found (rows the cost pipeline rejects are left
-    out, named there). InputError if the source has no valid line at all."""
+    out, named there). With no line left (every row rejected, or no data row at all) the table is
+    empty and `problems` says which (`all_rejected`, `empty`); the caller skips the billing rules.
+    InputError names a file that cannot be read."""
     parts = []
     problems = BillingProblems()
     for source, batch, extra, rejected in _focus_lines(uri, basis, batch_rows, default_currency):
@@ -188,9 +244,8 @@ def load_billing(uri: str, settings, *, basis: str = "EffectiveCost", batch_rows
             "owner": _owners(batch.column("Tags"), settings.owner_tags),
             "resource": batch.column("ResourceId"),
         }))
-    if not parts or not sum(part.num_rows for part in parts):
-        raise InputError(f"no valid billing line at {uri}", hint="run `seedance cost recover` to see why lines are rejected")
-    return pa.concat_tables(parts), problems
+    problems.lines_kept = sum(part.num_rows for part in parts)
+    return (pa.concat_tables(parts) if parts else _no_lines()), problems
 
 
 def in_days(table: pa.Table, start: date, end: date, columns: list[str] | None = None) -> pa.Table:
@@ -438,6 +493,10 @@ def write_samples(table: pa.Table, out: str) -> None:
 # --------------------------------------------------------------------------- all inputs of a night
 
 
+NO_BILLING = "no billing source (--billing or signals.billing_uri)"
+"""Why the billing rules are skipped when no billing source is configured."""
+
+
 @dataclass
 class Inputs:
     """The configured sources of one night; each is read on first use and cached."""
@@ -451,13 +510,27 @@ class Inputs:
     basis: str = "EffectiveCost"
     billing_problems: BillingProblems | None = field(default=None, init=False)
     """What the billing lines had wrong, once they are read."""
+    billing_skipped: str | None = field(default=None, init=False)
+    """Why the billing rules are skipped, once the billing is asked for: no source configured
+    (`NO_BILLING`), or a source whose every row is rejected; None when they have lines."""
+    _billing: pa.Table | None = field(default=None, init=False, repr=False)
 
-    @cached_property
+    @property
     def billing(self) -> pa.Table:
-        if not self.billing_uri:
-            raise Skipped("no billing source (--billing or signals.billing_uri)")
-        table, self.billing_problems = load_billing(self.billing_uri, self.settings, basis=self.basis)
-        return table
+        """The night's billing lines, read once. Skipped, with the same reason for every billing
+        rule, when no source is configured, or when the source leaves no line (every row rejected,
+        or no data row: `billing_problems` says which rows and why); the other rules still run."""
+        if self._billing is None and self.billing_skipped is None:
+            if not self.billing_uri:
+                self.billing_skipped = NO_BILLING
+            else:
+                table, self.billing_problems = load_billing(self.billing_uri, self.settings, basis=self.basis)
+                self.billing_skipped = self.billing_problems.skip_reason(self.billing_uri)
+                if self.billing_skipped is None:
+                    self._billing = table
+        if self._billing is None:
+            raise Skipped(self.billing_skipped)
+        return self._billing
 
     @cached_property
     def metrics(self):

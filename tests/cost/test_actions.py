@@ -292,7 +292,8 @@ def test_the_cost_page_shows_deductions_and_freezes_to_the_cent(tmp_path):
     assert "<td>beta</td><td>2024-08</td><td>disputed</td>" in html
     assert "<td>2024-09</td>" in html  # alpha's frozen budget month
     path = out / "_seedance" / "cost" / "budget-ledger.json"
-    path.write_text(path.read_text().replace('"12.5"', '"1.25"'))
+    assert '"12.50"' in path.read_text()  # the deduction, at the currency's minor unit
+    path.write_text(path.read_text().replace('"12.50"', '"1.25"'))
     html = pages.cost_section(0, "test", cost_view(str(out), datetime(2024, 9, 10, tzinfo=UTC)))
     assert "modified outside Seedance" in html and "data-deduction=" not in html  # refused, not half-read
 

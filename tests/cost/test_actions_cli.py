@@ -37,7 +37,7 @@ def test_the_dry_run_lists_deadlines_isolations_and_deductions_and_changes_nothi
     assert report["settle"]["planned"][:2] == [
         "deduct 25.00 USD from alpha's budget pool if the owner confirms",
         "deduct 5.00 USD from beta's budget pool if the owner confirms"]
-    assert f"freeze alpha's {actions.next_month(MONTH)} budget (25.00 USD spent against 10.00)" in report["settle"]["planned"]
+    assert f"freeze alpha's {actions.next_month(MONTH)} budget (25.00 USD spent against 10.00 USD)" in report["settle"]["planned"]
     state = instance_state(instance)
     assert state["state"] == "running" and state["tags"] == {} and all(snapshots_of(v) == [] for v in state["volumes"])
     assert _digest(out) == before  # nothing changed: no snapshot, stop or tag; no ledger, no outbox

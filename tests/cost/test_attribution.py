@@ -172,6 +172,38 @@ def test_a_malformed_usage_file_leaves_lines_unsplit_with_a_warning_naming_it(tm
     assert "msk-2024-09.csv malformed" in warning and problem in warning and "not split" in warning
 
 
+@pytest.mark.parametrize("bad", ["-30", "nan", "NaN", "inf", "-Infinity"])
+def test_a_negative_or_non_finite_usage_leaves_its_row_out_of_the_split_with_a_warning(tmp_path, bad):
+    (tmp_path / "usage").mkdir()
+    (tmp_path / "usage" / "msk-2024-09.csv").write_text(f"owner,bytes\nml,10\ndata,{bad}\nweb,30\n")
+    shared = [{"id": "kafka", "match": {"service": "MSK"}, "method": "usage_share",
+               "usage": "usage/msk-{month}.csv", "weights": {"bytes": "1"}}]
+    summary, allocations = _run(tmp_path, [line("2024-09-01 00:00:00", "4", service="MSK")], shared=shared)
+    # data's row is out: ml and web split 10:30 (a negative would have swollen their shares of the total)
+    parts = {row["x_Owner"]: row["EffectiveCost"] for row in allocations if row["AllocatedMethodId"] == "kafka"}
+    assert parts == {"ml": Decimal("1"), "web": Decimal("3")}
+    uri = tmp_path / "usage" / "msk-2024-09.csv"
+    [warning] = [w for w in summary["warnings"] if "kafka" in w]
+    why = "is negative" if bad == "-30" else "is not a finite number"
+    assert warning == (f"shared rule kafka: usage file {uri}: 1 row(s) left out of the split: row 3 (owner 'data'): "
+                       f"bytes {bad!r} {why}\n  hint: fix the usage file: each usage value is a finite number >= 0 "
+                       "(an owner without usage is 0); the split uses the other rows until then")
+
+
+def test_a_negative_storage_usage_leaves_its_row_out_and_the_others_still_split(tmp_path):
+    (tmp_path / "usage").mkdir()
+    (tmp_path / "usage" / "lake-2024-09.csv").write_text(
+        "owner,gb_months,last_access\nml,100,2024-09-25\ndata,-50,2024-09-25\narchive,100,2024-09-20\n")
+    shared = [{"id": "lake", "match": {"service": "Amazon S3"}, "method": "storage_recency",
+               "usage": "usage/lake-{month}.csv", "recency": [{"weight": "1"}]}]
+    summary, allocations = _run(tmp_path, [line("2024-09-03 00:00:00", "10", service="Amazon S3")], shared=shared)
+    parts = {row["x_Owner"]: row["EffectiveCost"] for row in allocations if row["AllocatedMethodId"] == "lake"}
+    assert parts == {"ml": Decimal("5"), "archive": Decimal("5")}
+    [warning] = [w for w in summary["warnings"] if "lake" in w]
+    assert "lake-2024-09.csv: 1 row(s) left out of the split: row 3 (owner 'data'): gb_months '-50' is negative" \
+        in warning and "\n  hint: " in warning
+
+
 def test_owner_codes_stay_right_when_threads_meet_new_owners_together():
     """Batches are attributed on two threads: a new owner seen by both at once gets one code, and
     every code names its own owner (a wrong one would charge one owner's lines to another)."""

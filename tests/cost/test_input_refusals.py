@@ -194,7 +194,45 @@ def test_the_human_table_shows_cents_with_thousands_and_the_json_stays_exact(tmp
     rows = {cells[0]: cells[1] for cells in (
         [cell.strip() for cell in row.strip("│┃ ").split("│")] for row in result.output.splitlines() if "│" in row)
         if len(cells) == 2}
-    assert rows["alpha"] == "1,234.01" and rows["beta"] == "2.00" and rows["(unallocated)"] == "0.33"
-    assert rows["TOTAL"] == "1,236.34"
+    assert rows["alpha"] == "1,234.01 USD" and rows["beta"] == "2.00 USD" and rows["(unallocated)"] == "0.33 USD"
+    assert rows["TOTAL"] == "1,236.34 USD"
     summary = json.loads((tmp_path / "out" / "month=2024-09" / "summary.json").read_text())
     assert summary["currencies"]["USD"]["by_owner"]["alpha"] == "1234.005"  # the outputs keep every digit
+
+
+@pytest.mark.parametrize("batch_rows", ["2", "500000"])
+def test_malformed_tags_are_named_by_file_and_row_across_a_folder_of_files(tmp_path, monkeypatch, batch_rows):
+    monkeypatch.setenv("SEEDANCE__COST__BATCH_ROWS", batch_rows)  # lines of a file split over batches, or not
+    folder = tmp_path / "billing"
+    write_focus(folder / "a.csv", [line("2024-09-01 00:00:00", "1", tags={"owner": "a"}),
+                                   line("2024-09-02 00:00:00", "2", tags="{not json"),
+                                   line("2024-08-31 00:00:00", "9", tags="{not json"),  # another month: not staged
+                                   line("2024-09-03 00:00:00", "x"),  # rejected
+                                   line("2024-09-04 00:00:00", "4", tags="[1]")])
+    write_focus(folder / "b.csv", [line("2024-09-05 00:00:00", "8", tags="{oops"),
+                                   line("2024-09-06 00:00:00", "16", tags={"owner": "b"}),
+                                   line("2024-09-07 00:00:00", "32", tags="{oops")])
+    result = _recover(tmp_path, folder, "--json")
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)["summary"]
+    assert summary["malformed_tags"] == [{"file": "a.csv", "row": 2}, {"file": "a.csv", "row": 5},
+                                         {"file": "b.csv", "row": 1}, {"file": "b.csv", "row": 3}]
+    assert summary["malformed_tags_rows"] == [2, 5, 1, 3]  # as before: each the data row of its own file
+    [warning] = [w for w in summary["warnings"] if "malformed Tags" in w]
+    assert warning == (f"4 lines of {folder} have malformed Tags (not a JSON object of strings), attributed as "
+                       "untagged: a.csv data rows 2, 5; b.csv data rows 1, 3 (malformed_tags in summary.json)\n"
+                       '  hint: fix the Tags of those rows at the source: a JSON object of strings, e.g. '
+                       '{"owner": "team-a"}')
+    assert "hint: fix the Tags" in result.stderr and "a.csv data rows 2, 5; b.csv data rows 1, 3" in result.stderr
+
+
+def test_line_files_map_a_staged_line_to_its_file():
+    from seedance_tasks.cost.ingest import LineFiles
+
+    files = LineFiles()
+    assert files.to_json() == [] and files.file_at(0) is None
+    for name, count in (("a.csv", 2), ("a.csv", 3), ("b.csv", 0), ("c.csv", 1)):
+        files.add(name, count)
+    assert files.to_json() == [["a.csv", 5], ["c.csv", 1]]
+    assert [files.file_at(position) for position in range(7)] == ["a.csv"] * 5 + ["c.csv", None]
+    assert LineFiles(files.to_json()).to_json() == files.to_json()

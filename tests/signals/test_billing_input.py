@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+from datetime import date
 from pathlib import Path
 
 import pytest
@@ -62,3 +63,60 @@ def test_billing_rules_say_skipped_when_no_line_is_in_their_window(tmp_path):
 def test_a_night_out_of_range_is_a_usage_error(tmp_path, day):
     result = _run(tmp_path, "2024-09-29,USD,10,10,EC2,,\n", day)
     assert result.exit_code == 2 and f"--date {day} is out of range" in result.output and "hint:" in result.output
+
+
+def _metrics(tmp_path) -> str:
+    from tests.signals.builders import samples_file
+
+    return samples_file(tmp_path / "samples.parquet", [("DCGM_FI_DEV_GPU_UTIL", {"job": "j"}, [(1727654400, 50.0)])])
+
+
+def test_a_billing_file_whose_every_row_is_rejected_skips_the_billing_rules_and_the_metric_rules_run(tmp_path):
+    from seedance_tasks.signals.registry import RULES
+
+    body = '2024-09-29,USD,ten,ten,EC2,,\n2024-09-30,usd$,1,1,EC2,,\n'
+    result = _run(tmp_path, body, "2024-09-30", "--metrics", _metrics(tmp_path), "--json")
+    assert result.exit_code == 0, result.output  # a warning, as for some rows rejected: the rest of the night ran
+    doc = json.loads(result.stdout)
+    reason = f"billing source {tmp_path / 'billing.csv'} is present but unusable: all 2 rows rejected (see the warnings)"
+    assert doc["billing_skipped"] == reason
+    billing_rules = [rule_id for rule_id, rule in RULES.items() if "billing" in rule.needs]
+    assert {s["id"]: s.get("skipped") for s in doc["signals"] if s["id"] in billing_rules} == dict.fromkeys(
+        billing_rules, reason)
+    blind = next(s for s in doc["signals"] if s["id"] == "metrics-blind-spot")
+    assert "skipped" not in blind and blind["fired"]  # the metric rules ran
+    assert doc["billing"]["all_rejected"] is True and doc["billing"]["rejected_by_file"] == {"billing.csv": 2}
+    [warning] = doc["warnings"]
+    assert warning.startswith(f"billing source {tmp_path / 'billing.csv'}: all 2 billing rows rejected "
+                              "(billing.csv: 2), no line left to audit: billing.csv:1: malformed EffectiveCost")
+    assert "billing.csv:2: malformed BillingCurrency: 'usd$'" in warning
+    assert "the billing rules are skipped, the others ran" in warning
+    assert "warning: billing source" in result.stderr and "hint: fix those rows at the source" in result.stderr
+    assert "error:" not in result.stderr
+
+
+def test_no_billing_configured_and_billing_rejected_are_told_apart(tmp_path):
+    from seedance_tasks.signals.audit import render_html, run_audit
+    from tests.signals.builders import inputs
+
+    billing = tmp_path / "billing.csv"
+    billing.write_text(HEADER + "2024-09-29,USD,ten,ten,EC2,,\n")
+    rejected = run_audit(date(2024, 9, 30), inputs(billing_uri=str(billing)))
+    none = run_audit(date(2024, 9, 30), inputs())
+    assert none["billing_skipped"] == "no billing source (--billing or signals.billing_uri)"
+    assert none["warnings"] == [] and "billing" not in none
+    assert rejected["billing_skipped"].startswith(f"billing source {billing} is present but unusable: all 1 rows")
+    page = render_html(rejected)
+    assert "Billing rules skipped: billing source" in page and "all 1 billing rows rejected" in page
+
+
+def test_a_billing_file_with_a_header_only_skips_the_billing_rules_with_a_warning(tmp_path):
+    result = _run(tmp_path, "", "2024-09-30", "--json")
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["billing_skipped"] == f"billing source {tmp_path / 'billing.csv'} is present but has no data rows"
+    assert doc["warnings"] == [f"billing source {tmp_path / 'billing.csv'} has no data rows (a header only): the "
+                               "billing rules are skipped, the others ran\n  hint: check that the export finished, "
+                               "or point --billing / signals.billing_uri at the right file"]
+    share = next(s for s in doc["signals"] if s["id"] == "unallocated-share")
+    assert share["skipped"] == doc["billing_skipped"]
