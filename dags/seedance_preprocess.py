@@ -60,7 +60,8 @@ PREPROCESSED_SHARDS = Asset(name="seedance_preprocessed_shards", uri="seedance:/
         "check_decode": optional_param(
             "Check that images decode",
             "Decode every image member (jpg, png, webp...) at build and verify, as readers will: "
-            "a sample that does not decode is rejected at build (and listed), a shard holding one fails verify.",
+            "a sample that does not decode is rejected at build (and listed), a shard holding one fails verify. "
+            "A shard whose tar is unsafe or damaged is quarantined instead and the other shards go on.",
             empty=from_config("shards.check_decode"), section="Shards", type="boolean",
         ),
         "image_size": optional_param("Image size", "Outputs are uint8 arrays of shape (3, size, size).",
@@ -88,7 +89,8 @@ def seedance_preprocess():
 
     @task(multiple_outputs=False)
     def verify_shards(built: dict, params: dict | None = None) -> dict:
-        """Every tar complete, readable and safe, images decodable, counts and checksums as the index says."""
+        """Counts and checksums as the index says, images decodable; a tar that is unsafe or damaged
+        is reported (error + hint) and left for preprocess to quarantine, the other shards go on."""
         from seedance_tasks.preprocess import airflow_tasks
 
         return airflow_tasks.verify_task(built, params)

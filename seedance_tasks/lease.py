@@ -481,11 +481,17 @@ def current(root: Location, name: str) -> LeaseRecord | None:
     return LeaseRecord.from_bytes(found[0], root.uri_of(root.join(storage.LEASE_DIR, f"{name}.json"))) if found else None
 
 
-def list_leases(root: Location) -> list[LeaseRecord]:
-    """Every lease record under `root` (held or stale), for reports and the dashboard."""
+def list_leases(root: Location, damaged: list[IntegrityError] | None = None) -> list[LeaseRecord]:
+    """Every lease record under `root` (held or stale), for reports and the dashboard. A damaged
+    record raises its IntegrityError, or, given a `damaged` list, is appended to it and skipped."""
     records = []
     for info in storage.list_files(root.child(storage.LEASE_DIR), include_hidden=True):
         name = info.path.rsplit("/", 1)[-1]
         if name.endswith(".json") and not name.startswith("."):
-            records.append(LeaseRecord.from_bytes(storage.read_bytes(root.fs, info.path), root.uri_of(info.path)))
+            try:
+                records.append(LeaseRecord.from_bytes(storage.read_bytes(root.fs, info.path), root.uri_of(info.path)))
+            except IntegrityError as exc:
+                if damaged is None:
+                    raise
+                damaged.append(exc)
     return records

@@ -103,3 +103,17 @@ def test_a_lease_ttl_out_of_range_is_refused_before_anything_is_written(tmp_path
     with pytest.raises(ConfigError, match="lease TTL"):
         lease.acquire(storage.resolve(tmp_path), "dataset", holder="a", purpose="x", ttl_s=ttl)
     assert not (tmp_path / "_seedance").exists()
+
+
+def test_the_safety_page_lists_a_damaged_lease_record_and_still_shows_the_rest(tmp_path):
+    from seedance_tasks.dashboard.safety import root_status
+
+    _write(tmp_path, json.dumps(_record(ttl_s=float("nan"))))
+    good = tmp_path / "_seedance" / "leases" / "other.json"
+    good.write_text(json.dumps(_record(name="other")))
+    status = root_status(str(tmp_path))
+    assert [item["name"] for item in status["leases"]] == ["other"]
+    [damaged] = status["damaged_leases"]
+    assert "dataset.json" in damaged["error"] and "ttl_s" in damaged["error"] and damaged["hint"]
+    with pytest.raises(IntegrityError, match="ttl_s"):
+        lease.list_leases(storage.resolve(str(tmp_path)))
