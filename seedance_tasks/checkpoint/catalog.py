@@ -31,11 +31,12 @@ from seedance_tasks.checkpoint.manifest import (
     file_ref,
     manifest_rel,
     parse,
+    seal,
     step_dir,
     to_bytes,
     trusted_roots,
 )
-from seedance_tasks.errors import IntegrityError, RefusedError, UsageError
+from seedance_tasks.errors import IntegrityError, InternalError, RefusedError, UsageError
 from seedance_tasks.storage import Location
 
 log = logging.getLogger(__name__)
@@ -61,6 +62,44 @@ def _warn_link(where: str) -> None:
 def is_link(store: Location, rel: str) -> bool:
     """True if `rel` below a local store is a symlink (S3 has none)."""
     return not store.is_s3 and os.path.islink(store.join(rel))
+
+
+class DamagedManifestsError(IntegrityError):
+    """Some manifests could not be read; the pass went on with the others (what it did is in its
+    result) and fails at its end. A retry cannot fix it: a person moves or restores them."""
+
+    retryable = False
+
+
+def existing_store(store_uri: str) -> Location:
+    """The store at `store_uri`, if it is there: a local path that is not a folder (a mistyped
+    --store, an unmounted disk) is a UsageError, not an empty store. An S3 prefix is not checked
+    (S3 cannot tell an empty prefix from a missing one). Saving creates a store; reading needs one."""
+    store = storage.resolve(store_uri)
+    if not store.is_s3 and not os.path.isdir(store.path):
+        what = "is a file, not a folder" if os.path.exists(store.path) else "does not exist"
+        raise UsageError(f"checkpoint store {store.uri} {what}",
+                         hint="check the --store path (or lifecycle.store / checkpoint.store); a store is created "
+                         "by its first save (`seedance ckpt put`, checkpoint.save)")
+    return store
+
+
+def damaged_entry(store: Location, run: str, step: int, exc: IntegrityError) -> dict:
+    """{store, run, step, manifest, error, hint} of a manifest that could not be read (for reports)."""
+    return {"store": store.uri, "run": run, "step": int(step), "manifest": store.uri_of(manifest_path(store, run, step)),
+            "error": exc.message, "hint": exc.hint or f"seedance ckpt verify --store {store.uri} --run {run} "
+            f"--step {step} says what is wrong"}
+
+
+def damaged_error(damaged: list[dict], what: str) -> DamagedManifestsError:
+    """The error a pass raises (or the CLI reports) at its end for `damaged` manifests; `what`
+    says what was done with their runs ("left out of the listing", "nothing of it was collected")."""
+    first = damaged[0]
+    more = f" (and {len(damaged) - 1} more)" if len(damaged) > 1 else ""
+    return DamagedManifestsError(
+        f"{len(damaged)} damaged manifest(s): {first['error']}{more}; {what}",
+        hint=f"{first['hint']}; `seedance ckpt verify --store {first['store']} --run {first['run']}` checks the rest of the run",
+    )
 
 
 # --------------------------------------------------------------------------- listing
@@ -156,9 +195,27 @@ def read_manifest(store: Location, run: str, step: int, roots: Iterable[str] | N
 
 
 def manifests(store: Location, run: str, roots: Iterable[str] | None = None) -> list[dict]:
-    """Validated manifests of every committed checkpoint of `run`, by step."""
+    """Validated manifests of every committed checkpoint of `run`, by step; IntegrityError on the
+    first one that cannot be read (`read_run` goes on past it)."""
     roots = list(roots) if roots is not None else trusted_roots(store.uri)
     return [read_manifest(store, run, step, roots) for step in committed_steps(store, run)]
+
+
+def read_run(store: Location, run: str, roots: Iterable[str] | None = None) -> tuple[list[dict], list[dict]]:
+    """(validated manifests of `run` by step, `damaged_entry` of each one that could not be read).
+
+    Never raises for a damaged manifest: the caller decides (a listing shows the others; GC and
+    tiering leave the whole run alone). A manifest removed since it was listed is left out.
+    """
+    roots = list(roots) if roots is not None else trusted_roots(store.uri)
+    found, damaged = [], []
+    for step in committed_steps(store, run):
+        try:
+            found.append(read_manifest(store, run, step, roots))
+        except IntegrityError as exc:
+            if storage.is_file(store.fs, manifest_path(store, run, step)):
+                damaged.append(damaged_entry(store, run, step, exc))
+    return found, damaged
 
 
 # --------------------------------------------------------------------------- commit and rewrite
@@ -171,7 +228,14 @@ def commit_manifest(store: Location, manifest: dict) -> bool:
     S3: `If-None-Match: *`.
     """
     path = manifest_path(store, manifest["run"], manifest["step"])
-    raw = to_bytes(manifest)
+    sealed = seal(manifest)
+    try:  # what is committed must read back: the writer never leaves a manifest the reader refuses
+        parse(sealed, where=store.uri_of(path), run=manifest["run"], step=manifest["step"], roots=[store.uri])
+    except IntegrityError as exc:
+        raise InternalError(f"checkpoint {manifest['run']}/{step_dir(manifest['step'])} was not committed: its "
+                            f"manifest would not read back ({exc.message})",
+                            hint="nothing was committed; report this with the message") from None
+    raw = to_bytes(sealed)
     faults.point("ckpt.commit.before")
     if store.is_s3:
         created = _put_if_absent(path, raw)

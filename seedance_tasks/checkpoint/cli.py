@@ -86,8 +86,8 @@ def get(
     import time
     from pathlib import Path
 
-    from seedance_tasks import storage
     from seedance_tasks.checkpoint import _settings
+    from seedance_tasks.checkpoint.catalog import existing_store
     from seedance_tasks.checkpoint.files import write_checkpoint
     from seedance_tasks.checkpoint.store import check_run_name, load_state, read_manifest, resolve_step
     from seedance_tasks.errors import RefusedError
@@ -95,7 +95,7 @@ def get(
     if Path(out).exists() and not force:
         raise RefusedError(f"{out} exists; not replaced", hint="pass --force to replace it, or choose another --out")
     started = time.perf_counter()
-    location = storage.resolve(store)
+    location = existing_store(store)
     wanted = read_manifest(location, run, resolve_step(location, check_run_name(run), step))
     with progress("restoring", sum(t["nbytes"] for t in wanted["tensors"]), enabled=not as_json) as advance:
         state, manifest = load_state(store, run, step, workers=_settings().workers, progress=advance)
@@ -123,10 +123,12 @@ def ls(
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Committed checkpoints: step, kind, base, sizes, ratio, tier, age."""
+    from seedance_tasks.checkpoint.catalog import damaged_error
     from seedance_tasks.checkpoint.store import list_checkpoints
     from seedance_tasks.units import format_duration
 
-    rows = list_checkpoints(store, run)
+    damaged: list[dict] = []
+    rows = list_checkpoints(store, run, damaged)
 
     def render(items: list[dict]) -> None:
         console.print(
@@ -143,6 +145,8 @@ def ls(
         )
 
     emit(rows, as_json, render)
+    if damaged:  # the others are listed above; the damaged ones fail the command (error + hint)
+        raise damaged_error(damaged, "left out of the listing")
 
 
 @app.command("verify")

@@ -2,8 +2,10 @@
 
 Reading never unpickles arbitrary objects: `.pt` goes through `torch.load(weights_only=True)`,
 whose restricted unpickler refuses any global it does not know (e.g. `os.system`) before calling
-it; such a file is refused with RefusedError. Writing goes to a hidden temporary name first and
-is renamed into place only when complete, so a failed restore leaves no output file.
+it; such a file is refused with RefusedError. A file holding something a checkpoint cannot store
+(a meta tensor, which has no data; a sparse tensor...) is refused when read, naming the file and
+the key. Writing goes to a hidden temporary name first and is renamed into place only when
+complete, so a failed restore leaves no output file.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from seedance_tasks.errors import InputError, RefusedError, UsageError
+from seedance_tasks.errors import InputError, IntegrityError, RefusedError, UsageError
 
 PT_SUFFIXES = (".pt", ".pth")
 SAFETENSORS_SUFFIX = ".safetensors"
@@ -33,13 +35,26 @@ def file_format(path: str | os.PathLike) -> str:
 
 
 def read_checkpoint(path: str | os.PathLike) -> Any:
-    """The state tree in a raw checkpoint file, read without running any code from it."""
+    """The state tree in a raw checkpoint file, read without running any code from it.
+
+    Guarantees a tree `tree.flatten` takes: anything else (a meta tensor, a sparse tensor, a
+    value of another type) is refused with UsageError naming the file and the key path.
+    """
     path = Path(path)
     kind = file_format(path)
     if not path.is_file():
         raise InputError(f"checkpoint file {path} does not exist")
-    if kind == "safetensors":
-        return _read_safetensors(path)
+    state = _read_safetensors(path) if kind == "safetensors" else _read_pt(path)
+    from seedance_tasks.checkpoint.tree import flatten
+
+    try:
+        flatten(state)
+    except UsageError as exc:
+        raise UsageError(f"{path}: {exc.message}", hint=exc.hint) from None
+    return state
+
+
+def _read_pt(path: Path) -> Any:
     with open(path, "rb") as handle:
         magic = handle.read(4)
     if not (magic.startswith(b"PK\x03\x04") or magic[:1] == b"\x80"):  # torch.save: a zip archive, or a legacy pickle
@@ -64,7 +79,7 @@ def read_checkpoint(path: str | os.PathLike) -> Any:
 def _read_safetensors(path: Path) -> Any:
     from safetensors import SafetensorError, safe_open
 
-    from seedance_tasks.checkpoint.tree import unflatten
+    from seedance_tasks.checkpoint.tree import tree_problem, unflatten
 
     try:
         with safe_open(str(path), framework="pt") as handle:
@@ -78,10 +93,17 @@ def _read_safetensors(path: Path) -> Any:
         return flat
     try:
         tree = json.loads(metadata[TREE_KEY])
-        names = tree["names"]
-        return unflatten(tree["skeleton"], [flat[name] for name in names])
-    except (KeyError, ValueError, TypeError) as exc:
-        raise InputError(f"{path}: its {TREE_KEY} metadata is malformed ({exc})") from None
+        tensors = [flat[name] for name in tree["names"]]
+        problem = tree_problem(tree["skeleton"], len(tensors))
+        if problem:
+            raise ValueError(f"at {problem[0]}: {problem[1]}")
+        return unflatten(tree["skeleton"], tensors)
+    except (KeyError, ValueError, TypeError, RecursionError) as exc:
+        raise InputError(f"{path}: its {TREE_KEY} metadata is malformed ({exc})",
+                         hint="write the file again (seedance ckpt get --out FILE.safetensors), or drop that "
+                         "metadata key to read its tensors as a flat dict") from None
+    except IntegrityError as exc:  # a node unflatten cannot rebuild
+        raise InputError(f"{path}: its {TREE_KEY} metadata is malformed ({exc.message})", hint=exc.hint) from None
 
 
 def write_checkpoint(state: Any, path: str | os.PathLike, fmt: str | None = None, *, replace: bool = True) -> int:
@@ -126,8 +148,15 @@ def _write_safetensors(state: Any, temp: str) -> None:
 
     from seedance_tasks.checkpoint.tree import flatten
 
-    skeleton, named = flatten(state)
-    flat = {name: tensor.contiguous() for name, tensor in named}
+    skeleton, named = flatten(state)  # tied tensors are one entry already, their leaves share it
+    flat, storages = {}, set()
+    for name, tensor in named:
+        dense = tensor.detach().contiguous()
+        storage = dense.untyped_storage()
+        if storage.nbytes() and storage.data_ptr() in storages:  # views into one storage (w, w[1:]): safetensors
+            dense = dense.clone()  # refuses shared memory, so each is written (and read back) on its own
+        storages.add(storage.data_ptr())
+        flat[name] = dense
     metadata = {TREE_KEY: json.dumps({"skeleton": skeleton, "names": [name for name, _ in named]})}
     try:
         save_file(flat, temp, metadata=metadata)

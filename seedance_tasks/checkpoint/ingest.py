@@ -1,7 +1,9 @@
-"""The inbox: raw checkpoints trainers drop as `INBOX/<run>/<name with step>.pt|.pth|.safetensors`.
+"""The inbox: raw checkpoints trainers drop as `INBOX/<run>/step-<N>.pt|.pth|.safetensors`.
 
-`scan` lists what is ready (not hidden, older than `inbox_min_age`, a step number in the name:
-the last integer of the file name, e.g. `step-000120.pt` -> 120). `ingest_one` compresses one
+`scan` lists what is ready (not hidden, older than `inbox_min_age`, the step named in the file
+name by an explicit step marker, see `parse_name`; `step-000120.pt` -> 120). A file whose name
+has no step marker, or two that disagree, is skipped with a warning naming it and a hint (never
+stored under a guessed step). `ingest_one` compresses one
 file into the store, verifies the stored checkpoint by decoding it (the digest of every chunk), and
 only then moves the raw file to `INBOX/_seedance/trash/<run-id>/` (purged later by age).
 
@@ -18,6 +20,7 @@ cannot be read safely (a pickle that needs code, a corrupt file) is quarantined 
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import re
 import secrets
@@ -26,38 +29,82 @@ from datetime import UTC, datetime
 from typing import Any
 
 from seedance_tasks import journal, lease, storage
-from seedance_tasks.errors import InputError, RefusedError
+from seedance_tasks.errors import InputError, RefusedError, UsageError
 
 KIND = "ckpt-ingest"
+log = logging.getLogger(__name__)
 
 SUFFIXES = (".pt", ".pth", ".safetensors")
-_STEP = re.compile(r"(\d+)(?!.*\d)")
+MAX_STEP_DIGITS = 18  # a step of up to 18 digits fits an int64 everywhere it goes
+# A step marker: a whole token (not inside a word) `step` / `global_step` (DeepSpeed's
+# `global_step1000`) followed by `-`, `_`, `=` (Lightning's `epoch=3-step=1000`), a space or
+# nothing, or `checkpoint-`/`checkpoint_` (HF Trainer's `checkpoint-1000`), then the digits up to
+# the end of the token (not a decimal: `step-1.5` has no step). Any other number in the name (an
+# epoch, a loss, a date, `bf16`) is not a step.
+_STEP_MARKER = re.compile(
+    r"(?<![a-z0-9])(?:(?:global[_-]?)?step[-_= ]?|checkpoint[-_])([0-9]+)(?![a-z0-9]|\.[0-9])", re.IGNORECASE
+)
+STEP_FORMS = "step-N, step_N, stepN, step=N, global_stepN, checkpoint-N"
+_HINT = "rename it to INBOX/<run>/step-<N>.pt (N: the training step it was saved at)"
+_LAYOUT_HINT = "move it to INBOX/<run>/step-<N>.pt, or out of the inbox (one file per checkpoint: a folder such " \
+    "as HF's checkpoint-<N>/ is not taken; export it with torch.save or safetensors)"
+_SUFFIX_HINT = "checkpoints are .pt/.pth (torch.save) or .safetensors files: rename it to INBOX/<run>/step-<N>.pt " \
+    "if it is one, or move it out of the inbox"
 
 
 def parse_name(relative: str) -> tuple[str, int] | None:
-    """(run, step) of an inbox file `run/<...step...>.pt`, or None if it does not follow the layout."""
+    """(run, step) of an inbox file `run/<name>.pt|.pth|.safetensors` whose name carries exactly one
+    step (one or more step markers, all the same number: see `_STEP_MARKER`); None otherwise
+    (`name_problem` says why). Never guesses a step from other numbers in the name."""
+    return _parse(relative)[0]
+
+
+def name_problem(relative: str) -> str | None:
+    """Why the inbox file `relative` is not taken (its layout or name), or None if it is."""
+    return _parse(relative)[1]
+
+
+def _parse(relative: str) -> tuple[tuple[str, int] | None, str | None, str | None]:
+    """((run, step), None, None), or (None, why the file is not taken, what to do about it)."""
     parts = relative.split("/")
-    if len(parts) != 2 or not parts[1].lower().endswith(SUFFIXES):
-        return None
-    stem = parts[1].rsplit(".", 1)[0]
-    match = _STEP.search(stem)
-    return (parts[0], int(match.group(1))) if match else None
+    if len(parts) != 2:
+        return None, "not a file in a run's folder (INBOX/<run>/step-<N>.pt)", _LAYOUT_HINT
+    name = parts[1]
+    suffix = next((suffix for suffix in SUFFIXES if name.lower().endswith(suffix)), None)
+    if suffix is None:
+        return None, "not a .pt, .pth or .safetensors file", _SUFFIX_HINT
+    steps = [match.group(1) for match in _STEP_MARKER.finditer(name[: -len(suffix)])]
+    if not steps:
+        return None, f"no step marker in the name ({STEP_FORMS}); other numbers in it are not taken as the step", _HINT
+    numbers = sorted({int(step) for step in steps})
+    if len(numbers) > 1:
+        return None, f"the name names {len(numbers)} different steps ({', '.join(map(str, numbers))})", _HINT
+    if max(len(step.lstrip("0")) for step in steps) > MAX_STEP_DIGITS:
+        return None, f"its step has more than {MAX_STEP_DIGITS} digits", _HINT
+    return (parts[0], numbers[0]), None, None
 
 
-def scan(inbox_uri: str, min_age_s: float, now: datetime | None = None, run: str | None = None) -> dict:
+def scan(inbox_uri: str, min_age_s: float, now: datetime | None = None, run: str | None = None, *,
+         warn: bool = True) -> dict:
     """What is ready in the inbox: {"ready": [{path, run, step, size}], "skipped": [{path, reason}]}.
 
     Sorted by (run, step) so that each checkpoint can delta against the one before it. With
-    `run`, only that run's folder is listed.
+    `run`, only that run's folder is listed. A file whose layout or name does not say its run and
+    step (`name_problem`) is skipped with the reason and a hint (`{path, reason, hint}`) and a
+    `warning:` line in the log naming it (`warn=False`: no log line, for a rescan); a file
+    younger than `min_age_s` is skipped silently.
     """
     inbox = storage.resolve(inbox_uri)
     now = now or datetime.now(UTC)
     ready, skipped = [], []
     for info in storage.list_files(inbox.child(run) if run else inbox):
         relative = inbox.relative(info.path)
-        parsed = parse_name(relative)
+        parsed, problem, hint = _parse(relative)
         if parsed is None:
-            skipped.append({"path": relative, "reason": "not INBOX/<run>/<name with step>.pt|.pth|.safetensors"})
+            skipped.append({"path": relative, "reason": problem, "hint": hint})
+            if warn:
+                log.warning("warning: inbox file %s skipped: %s; hint: %s", inbox.uri_of(inbox.join(relative)),
+                            problem, hint)
             continue
         age = (now - info.mtime.astimezone(UTC)).total_seconds() if info.mtime else min_age_s
         if age < min_age_s:
@@ -124,7 +171,7 @@ def ingest_one(item: dict, inbox_uri: str, store_uri: str, settings=None, *, run
     prefix = journal_prefix(relative)
     with lease.holding(store, f"run-{run}", holder=holder or run_id, purpose=f"checkpoint ingest of {relative}"):
         recovered = _recover(inbox, store, prefix)
-        for earlier in scan(inbox_uri, settings.inbox_min_age, run=run)["ready"]:
+        for earlier in scan(inbox_uri, settings.inbox_min_age, run=run, warn=False)["ready"]:
             if earlier["step"] < step and not storage.is_file(store.fs, manifest_path(store, run, earlier["step"])):
                 try:
                     _store(inbox, store_uri, earlier, options)
@@ -206,11 +253,14 @@ def _retired_before(inbox, store_uri: str, result: dict, settings) -> dict:
 
 
 def _read(inbox, relative: str):
+    """The state of an inbox file; InputError (it is quarantined) for one that cannot be stored."""
     from seedance_tasks.checkpoint.files import read_checkpoint
 
     local, temporary = _local_copy(inbox, relative)
     try:
         return read_checkpoint(local)
+    except UsageError as exc:  # a value no checkpoint holds (a meta or sparse tensor...): the file's fault
+        raise InputError(exc.message.replace(local, inbox.uri_of(inbox.join(relative))), hint=exc.hint) from None
     finally:
         if temporary:
             os.unlink(local)

@@ -33,18 +33,19 @@ writer's), never acted on.
 from __future__ import annotations
 
 import json
+import math
+import operator
 import posixpath
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from seedance_tasks import storage
-from seedance_tasks.checkpoint.tree import tree_problem
-from seedance_tasks.errors import IntegrityError
+from seedance_tasks.errors import IntegrityError, UsageError
 from seedance_tasks.storage import Location
 
 FORMAT_1 = "seedance-checkpoint/1"
@@ -63,6 +64,30 @@ StorageClass = Literal[
 ]
 NonNegative = Field(ge=0)
 Codec = Literal["zstd", "lz4", "bgzstd", "delta-xor", "delta-sub", "delta-bsub"]  # codecs.ALL_CODECS
+DELTA_CODECS = ("delta-xor", "delta-sub", "delta-bsub")  # codecs.DELTA_CODECS: taken against `base`
+Hex256 = Annotated[str, Field(pattern=_HEX256)]
+
+MAX_INT_DIGITS = 4000
+"""The most digits (sign aside) of a Python int in a checkpoint's tree, for the writer and the
+reader alike: `save` refuses a longer one up front (UsageError naming its key path,
+`oversized_int`), `parse` refuses a manifest holding one (`tree.tree_problem`). Below Python's
+own int/str conversion limit (4300 digits by default), so any interpreter reads it back."""
+MAX_STEP = 2**63 - 1  # the largest step a checkpoint may have (`checked_step`)
+
+DIGEST_KEY = "manifest_blake3"
+SEALED_FIELDS = ("format", "id", "run", "step", "kind", "base", "chain", "depth", "lossy", "tree")
+"""The top-level fields `manifest_blake3.fields` must cover (format 2): what a restore reads and
+what GC keeps by. Not covered: `files` and `tags` (tiering and `ckpt tag` rewrite them; file sizes
+are checked against the files on every read), `created_at`, `metrics`, `group`, `stats`, `source`."""
+
+DTYPE_SIZES = {
+    "float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "complex128": 16, "complex64": 8, "complex32": 4,
+    "int64": 8, "int32": 4, "int16": 2, "int8": 1, "uint64": 8, "uint32": 4, "uint16": 2, "uint8": 1, "bool": 1,
+    "float8_e4m3fn": 1, "float8_e4m3fnuz": 1, "float8_e5m2": 1, "float8_e5m2fnuz": 1, "float8_e8m0fnu": 1,
+}
+"""Element sizes of the dtypes checkpoints usually hold (names as torch spells them); `parse` asks
+torch about any other name, so a manifest is checked without importing torch."""
+LOSSY_STORED, LOSSY_FROM = "bfloat16", ("float32", "float64")  # lossy `bf16`: what was downcast to what
 
 
 class _Model(BaseModel):
@@ -100,6 +125,14 @@ class TensorEntry(_Model):
         return self
 
 
+class Seal(_Model):
+    """`manifest_blake3` (format 2): BLAKE3 of the canonical JSON of each sealed top-level field
+    and of each tensor entry (`digest_of`), written at commit, checked by every `parse`."""
+
+    fields: dict[str, Hex256]
+    tensors: list[Hex256]
+
+
 class DataFile(_Model):
     size: int = NonNegative
     tier: Literal["hot", "warm", "cold"] = "hot"
@@ -134,6 +167,7 @@ class Manifest(_Model):
     tags: list[str] = []
     source: dict[str, Any] = {}
     stats: dict[str, Any] = {}
+    manifest_blake3: Seal | None = None  # absent in manifests written before it (format 1, early format 2)
 
     @model_validator(mode="after")
     def _digests_of_the_format(self) -> Manifest:
@@ -256,6 +290,8 @@ def parse(data: bytes | str | dict, *, where: str, run: str, step: int, roots: I
     except ValueError:
         raise _refuse(where, "created_at", f"{model.created_at!r} is not an ISO time") from None
     _check_links(model, where)
+    from seedance_tasks.checkpoint.tree import tree_problem  # here: tree.py may import this module
+
     problem = tree_problem(model.tree, len(model.tensors))
     if problem:
         raise _refuse(where, *problem)
@@ -265,12 +301,12 @@ def parse(data: bytes | str | dict, *, where: str, run: str, step: int, roots: I
             raise _refuse(where, f"files[{name!r}]", "not one plain file name")
         if entry.uri is not None or entry.root is not None:
             _check_foreign(model, name, entry, where, trusted)
-    for tensor in model.tensors:
-        for index, chunk in enumerate(tensor.chunks):
-            if chunk.file not in model.files:
-                raise _refuse(where, f"tensors[{tensor.name!r}].chunks[{index}].file",
-                              f"{chunk.file!r} is not one of the manifest's files")
+    _check_tensors(model, where)
     dumped = model.model_dump(mode="json")
+    if dumped.get(DIGEST_KEY) is None:
+        dumped.pop(DIGEST_KEY, None)  # a manifest from before the seal stays as it was
+    else:
+        _check_seal(dumped, where)
     other = [name for fmt, name in DIGEST_FIELD.items() if fmt != model.format]
     for tensor in dumped["tensors"]:  # each chunk keeps only its format's digest (rewrites stay in format)
         if tensor.get("sampled") is None:
@@ -282,6 +318,11 @@ def parse(data: bytes | str | dict, *, where: str, run: str, step: int, roots: I
 
 
 def _check_links(model: Manifest, where: str) -> None:
+    if (model.kind == "delta") != (model.base is not None):
+        raise _refuse(where, "kind", f"{model.kind!r} does not fit its base {model.base and model.base.step!r} "
+                      "(a delta has a base, a full checkpoint none)")
+    if model.depth != len(model.chain):
+        raise _refuse(where, "depth", f"{model.depth} is not the length of its chain {model.chain[:20]}")
     if model.base is not None:
         _check_id(model.base.id, where, "base.id")
         if model.base.step >= model.step:
@@ -297,6 +338,176 @@ def _check_links(model: Manifest, where: str) -> None:
     for tensor in model.tensors:
         if tensor.base is not None and (model.base is None or tensor.base != model.base.step):
             raise _refuse(where, f"tensors[{tensor.name!r}].base", f"{tensor.base} is not the manifest's base")
+
+
+def _itemsize(name: str, where: str, field: str) -> int:
+    """Bytes per element of dtype `name` (the table, else torch); IntegrityError if no such dtype."""
+    size = DTYPE_SIZES.get(name)
+    if size is None and re.fullmatch(r"[a-z][a-z0-9_]{0,39}", name or "") and not name.startswith(("q", "bits")):
+        import torch
+
+        dtype = getattr(torch, name, None)
+        size = dtype.itemsize if isinstance(dtype, torch.dtype) else None
+    if size is None:
+        raise IntegrityError(f"unknown dtype {str(name)[:60]!r} in manifest {where}: {field}",
+                             hint="the manifest was edited or damaged, or written with a torch that has this dtype: "
+                             "restore it with that torch version")
+    return size
+
+
+def _check_tensors(model: Manifest, where: str) -> None:
+    """What a restore relies on of each tensor entry: a unique name, known dtypes whose element size
+    divides every chunk, a shape that holds exactly its bytes, a stored dtype unlike the given one
+    only for a lossy bf16 tensor, a base exactly for the delta codecs, and chunks inside their data
+    files that do not overlap."""
+    seen: dict[str, int] = {}
+    spans: dict[str, list[tuple[int, int, str]]] = {}
+    for position, tensor in enumerate(model.tensors):
+        if tensor.name in seen:
+            raise _refuse(where, f"tensors[{position}].name", f"{tensor.name[:80]!r} is also the name of "
+                          f"tensors[{seen[tensor.name]}]: a restore could not tell them apart")
+        seen[tensor.name] = position
+        field = f"tensors[{tensor.name[:80]!r}]"
+        _itemsize(tensor.dtype, where, f"{field}.dtype")
+        width = _itemsize(tensor.stored_dtype, where, f"{field}.stored_dtype")
+        if any(size < 0 for size in tensor.shape) or math.prod(tensor.shape) * width != tensor.nbytes:
+            raise IntegrityError(
+                f"manifest {where}: {field}.shape {str(tensor.shape)[:80]} of {tensor.stored_dtype} does not "
+                f"hold its nbytes {tensor.nbytes}; refused",
+                hint="the manifest was edited or damaged; restore it from the trash or a copy, or save the "
+                "checkpoint again",
+            )
+        lossy = tensor.stored_dtype != tensor.dtype or tensor.lossy is not None
+        if lossy and not (tensor.lossy == "bf16" and model.lossy == "bf16" and tensor.stored_dtype == LOSSY_STORED
+                          and tensor.dtype in LOSSY_FROM):
+            raise _refuse(where, f"{field}.dtype", f"{tensor.dtype!r} stored as {tensor.stored_dtype!r} (lossy "
+                          f"{tensor.lossy!r}, the manifest's {model.lossy!r}): only a lossy bf16 tensor of "
+                          f"{' or '.join(LOSSY_FROM)} is stored as {LOSSY_STORED}")
+        if (tensor.codec in DELTA_CODECS) != (tensor.base is not None):
+            raise _refuse(where, f"{field}.base", f"{tensor.base!r} does not fit its codec {tensor.codec!r} "
+                          "(a delta codec has a base, the others none)")
+        if tensor.chunk_bytes % width:
+            raise _refuse(where, f"{field}.chunk_bytes", f"{tensor.chunk_bytes} is not a whole number of "
+                          f"{width}-byte elements")
+        for index, chunk in enumerate(tensor.chunks):
+            at = f"{field}.chunks[{index}]"
+            if chunk.file not in model.files:
+                raise _refuse(where, f"{at}.file", f"{chunk.file!r} is not one of the manifest's files")
+            if chunk.raw > tensor.chunk_bytes or chunk.raw % width:
+                raise _refuse(where, f"{at}.raw", f"{chunk.raw} is not a whole number of {width}-byte elements "
+                              f"up to its chunk_bytes {tensor.chunk_bytes}")
+            size = model.files[chunk.file].size
+            if chunk.offset + chunk.length > size:
+                raise _refuse(where, at, f"bytes {chunk.offset}..{chunk.offset + chunk.length} are past the end of "
+                              f"{chunk.file} ({size} bytes)")
+            if chunk.length:
+                spans.setdefault(chunk.file, []).append((chunk.offset, chunk.offset + chunk.length, at))
+    for name, ranges in spans.items():
+        ranges.sort()
+        for (_start, end, first), (start, _end, second) in zip(ranges, ranges[1:], strict=False):
+            if start < end:
+                raise _refuse(where, second, f"its bytes in {name} overlap those of {first}")
+
+
+def digest_of(value: Any) -> str:
+    """BLAKE3 (hex) of `value`'s canonical JSON (sorted keys, no spaces, ASCII): what the seal records."""
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return _blake3_hex(text.encode())
+
+
+def _tensor_form(entry: dict) -> dict:
+    """What a tensor's seal covers: every field of its entry and chunks but the null ones (a
+    rewrite by another version may spell a null field out or leave it away)."""
+    form = {key: value for key, value in entry.items() if value is not None}
+    form["chunks"] = [{key: value for key, value in chunk.items() if value is not None}
+                      for chunk in entry.get("chunks") or []]
+    return form
+
+
+def _seal_of(dumped: dict) -> dict:
+    return {"fields": {name: digest_of(dumped.get(name)) for name in SEALED_FIELDS},
+            "tensors": [digest_of(_tensor_form(entry)) for entry in dumped["tensors"]]}
+
+
+def seal(manifest: dict) -> dict:
+    """The JSON form of `manifest` as it is committed: a format-2 one with its `manifest_blake3`
+    (BLAKE3 of each field in SEALED_FIELDS and of each tensor entry), so that `parse` detects a
+    field changed after the save. A format-1 manifest is returned unsealed (older readers)."""
+    data = json.loads(to_bytes({key: value for key, value in manifest.items() if key != DIGEST_KEY}))
+    if data.get("format") != FORMAT_2:
+        return data
+    try:
+        dumped = Manifest.model_validate(data).model_dump(mode="json")
+    except ValidationError:
+        return data  # not a valid manifest: the caller's `parse` says why
+    data[DIGEST_KEY] = _seal_of(dumped)
+    return data
+
+
+def _check_seal(dumped: dict, where: str) -> None:
+    """Every field and tensor entry the seal covers still has its recorded digest."""
+    recorded, found = dumped[DIGEST_KEY], _seal_of(dumped)
+    missing = [name for name in SEALED_FIELDS if name not in recorded["fields"]]
+    if missing:
+        raise _refuse(where, f"{DIGEST_KEY}.fields", f"does not cover {missing[0]!r}")
+    for name, digest in recorded["fields"].items():
+        if digest_of(dumped.get(name)) != digest:
+            raise _refuse(where, name, f"does not match its digest ({DIGEST_KEY}.fields.{name}): "
+                          "it was changed after the save")
+    if len(recorded["tensors"]) != len(dumped["tensors"]):
+        raise _refuse(where, f"{DIGEST_KEY}.tensors", f"holds {len(recorded['tensors'])} digests for "
+                      f"{len(dumped['tensors'])} tensors")
+    for index, (entry, digest, now) in enumerate(zip(dumped["tensors"], recorded["tensors"], found["tensors"],
+                                                     strict=True)):
+        if digest != now:
+            raise _refuse(where, f"tensors[{entry['name'][:80]!r}]", f"its name, dtype, shape, codec or chunks do "
+                          f"not match its digest ({DIGEST_KEY}.tensors[{index}]): changed after the save")
+
+
+def checked_step(step: Any, what: str = "step") -> int:
+    """`step` as an int if it is a whole number from 0 to MAX_STEP (an int or a numpy integer);
+    a bool, float, string or negative number is refused (UsageError naming `what`), never rounded."""
+    try:
+        if isinstance(step, bool) or type(step).__name__ == "bool_":
+            raise TypeError
+        value = operator.index(step)
+    except TypeError:
+        raise UsageError(f"{what} must be a whole number, got {str(step)[:60]!r} ({type(step).__name__})",
+                         hint="pass the training step as an int, e.g. step=1500") from None
+    if not 0 <= value <= MAX_STEP:
+        raise UsageError(f"{what} must be from 0 to {MAX_STEP}, got {str(value)[:60]}",
+                         hint="pass the training step as an int, e.g. step=1500")
+    return value
+
+
+_INT_BOUND = 10**MAX_INT_DIGITS
+
+
+def oversized_int(state: Any) -> tuple[str, int] | None:
+    """(key path, about how many digits) of the first int in `state` (a value or a dict key) with more
+    than MAX_INT_DIGITS digits, or None. Paths are spelled as tensor names are (`optimizer/step`)."""
+    pending: list[tuple[Any, str, int]] = [(state, "", 0)]
+    while pending:
+        value, path, depth = pending.pop()
+        if isinstance(value, int) and not isinstance(value, bool):
+            if abs(value) >= _INT_BOUND:
+                return path or "/", int(abs(value).bit_length() * 0.30103) + 1
+            continue
+        if depth > 2 * 100 or type(value).__module__.startswith("torch"):  # flatten refuses deeper; tensors hold no ints
+            continue
+        if isinstance(value, dict):
+            for key, item in value.items():
+                child = f"{path}/{key}" if path else str(key)
+                pending.append((item, child, depth + 1))
+                if isinstance(key, int) and not isinstance(key, bool):
+                    pending.append((key, f"{child} (a key)", depth + 1))
+            metadata = getattr(value, "_metadata", None)
+            if metadata is not None:
+                pending.append((metadata, f"{path}/_metadata" if path else "_metadata", depth + 1))
+        elif isinstance(value, list | tuple):
+            pending.extend((item, f"{path}/{index}" if path else str(index), depth + 1)
+                           for index, item in enumerate(value))
+    return None
 
 
 def _check_foreign(model: Manifest, name: str, entry: DataFile, where: str, trusted: list[str]) -> None:

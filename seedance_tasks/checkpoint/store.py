@@ -55,15 +55,26 @@ from seedance_tasks.checkpoint.catalog import (  # noqa: F401 - re-exported: the
     check_run_name,
     commit_manifest,
     committed_steps,
+    existing_store,
     explain_unreadable,
     manifest_path,
     note_restore,
     read_manifest,
+    read_run,
     runs,
 )
-from seedance_tasks.checkpoint.manifest import FORMAT, MANIFEST, STEP_DIR, chunk_digest, step_dir  # noqa: F401
+from seedance_tasks.checkpoint.manifest import (  # noqa: F401
+    FORMAT,
+    MANIFEST,
+    MAX_INT_DIGITS,
+    STEP_DIR,
+    checked_step,
+    chunk_digest,
+    oversized_int,
+    step_dir,
+)
 from seedance_tasks.checkpoint.manifest import stored_bytes as data_file_bytes
-from seedance_tasks.checkpoint.tree import flatten, keep_exact, same_tree, unflatten
+from seedance_tasks.checkpoint.tree import aliases, flatten, keep_exact, same_tree, unflatten
 from seedance_tasks.errors import IntegrityError, RefusedError, UsageError
 from seedance_tasks.storage import Location
 
@@ -264,11 +275,13 @@ def save_state(
         raise UsageError(f"unknown codec {codec!r}", hint="use auto, zstd, lz4, bgzstd or delta")
     if lossy not in (None, "bf16"):
         raise UsageError(f"unknown lossy mode {lossy!r}", hint="the only lossy mode is bf16")
-    if int(step) < 0:
-        raise UsageError(f"step must be >= 0, got {step}")
-    step = int(step)
+    step = checked_step(step)
     store = storage.resolve(store_uri)
     _check_name(run)
+    big = oversized_int(state)  # the reader refuses such a manifest: refuse it before writing anything
+    if big is not None:
+        raise UsageError(f"{big[0]} holds an int of about {big[1]} digits; a checkpoint holds ints of at most "
+                         f"{MAX_INT_DIGITS} digits", hint="store it as a string, or as a tensor")
     attempt = attempt or secrets.token_hex(6)
     if not re.fullmatch(r"[0-9a-z]{1,32}", attempt):
         raise UsageError(f"bad save attempt token {attempt!r}", hint="letters and digits only")
@@ -857,7 +870,7 @@ def load_state(store_uri: str, run: str, step: int | None, *, workers: int = 0, 
 
     A lossy (bf16) tensor comes back in its original dtype with bf16 precision; a warning says so.
     """
-    store = storage.resolve(store_uri)
+    store = existing_store(store_uri)
     step = resolve_step(store, run, step)
     chain = _Chain(store, _check_name(run), step)
     raw = _decode_tensors(chain, list(chain.tensors), workers, progress)
@@ -895,18 +908,20 @@ def same_content(state: Any, manifest: dict) -> bool:
 
 def load_tensors(store_uri: str, run: str, step: int | None, names: list[str], *, workers: int = 0) -> dict:
     """{name: tensor} of the named tensors of `run`/`step`, reading only their chunks (and bases)."""
-    store = storage.resolve(store_uri)
+    store = existing_store(store_uri)
     chain = _Chain(store, _check_name(run), resolve_step(store, run, step))
-    missing = [name for name in names if name not in chain.tensors]
+    tied = aliases(chain.manifest["tree"], list(chain.tensors)) if set(names) - set(chain.tensors) else {}
+    missing = [name for name in names if name not in chain.tensors and name not in tied]
     if missing:
         raise UsageError(f"no tensor {missing[0]!r} in {run}/{step_dir(chain.step)}")
-    raw = _decode_tensors(chain, list(names), workers)
-    return {name: _to_tensor(chain.tensors[name], raw[name]) for name in names}
+    wanted = list(dict.fromkeys(tied.get(name, name) for name in names))  # a tied name reads its tensor
+    raw = _decode_tensors(chain, wanted, workers)
+    return {name: _to_tensor(chain.tensors[tied.get(name, name)], raw[tied.get(name, name)]) for name in names}
 
 
 def verify(store_uri: str, run: str, step: int, *, workers: int = 0) -> dict:
     """Decode every tensor of `run`/`step` (and its chain) and check every chunk digest; raises IntegrityError."""
-    store = storage.resolve(store_uri)
+    store = existing_store(store_uri)
     started = time.perf_counter()
     chain = _Chain(store, run, step)
     _decode_tensors(chain, list(chain.tensors), workers)
@@ -914,14 +929,23 @@ def verify(store_uri: str, run: str, step: int, *, workers: int = 0) -> dict:
             "seconds": round(time.perf_counter() - started, 3)}
 
 
-def list_checkpoints(store_uri: str, run: str | None = None) -> list[dict]:
-    """One row per committed checkpoint: run, step, kind, base, depth, sizes, ratio, tiers, age, lossy."""
-    store = storage.resolve(store_uri)
+def list_checkpoints(store_uri: str, run: str | None = None, damaged: list[dict] | None = None) -> list[dict]:
+    """One row per committed checkpoint: run, step, kind, base, depth, sizes, ratio, tiers, age, lossy.
+
+    A manifest that cannot be read raises its IntegrityError or, given a `damaged` list, is
+    appended to it (`catalog.damaged_entry`) and left out: one damaged checkpoint does not hide the rest.
+    """
+    store = existing_store(store_uri)
     now = datetime.now(UTC)
     rows = []
     for name in [run] if run else runs(store):
-        for step in committed_steps(store, name):
-            manifest = read_manifest(store, name, step)
+        if damaged is None:
+            found = [read_manifest(store, name, step) for step in committed_steps(store, name)]
+        else:
+            found, broken = read_run(store, name)
+            damaged.extend(broken)
+        for manifest in found:
+            step = manifest["step"]
             created = datetime.fromisoformat(manifest["created_at"])
             raw = sum(tensor["nbytes"] for tensor in manifest["tensors"])  # from the validated fields, not `stats`
             stored = data_file_bytes(manifest)
@@ -953,7 +977,7 @@ def verify_run(store_uri: str, run: str, step: int | None = None, *, workers: in
 
     Never raises for damage: the caller decides (the CLI exits non-zero when `damaged` is not empty).
     """
-    store = storage.resolve(store_uri)
+    store = existing_store(store_uri)
     steps = [int(step)] if step is not None else committed_steps(store, _check_name(run))
     if not steps:
         raise IntegrityError(f"no committed checkpoint of run {run!r} in {store.uri}",

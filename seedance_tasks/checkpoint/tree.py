@@ -14,6 +14,18 @@ What the skeleton records besides values (JSON, never pickle):
 - `{"quantized": {...}}`: a quantized tensor as its integer values (`int_repr()`, a tensor of
   the tree), its dtype and qscheme, and its scale/zero point (per tensor: exact JSON numbers;
   per channel: two more tensors, and the axis). It restores bit-exact, quantizer included.
+- `{"tensor": i}` leaves may share one tensor `i` (tied weights): the same tensor object at two
+  keys, or two tensor objects over the same data (same storage, offset, shape, strides, dtype),
+  is stored once. Leaves of one object restore as one object; `"view": n` (n >= 1) marks the
+  n-th other object over that data, restored as a tensor object of its own sharing the data, as
+  `torch.load` gives them. Views of one storage that differ in offset, shape or strides (`w[1:]`,
+  `w.t()`) are stored as separate tensors and come back unshared.
+- `"parameter": true` on a leaf: an `nn.Parameter` (restored as one); `"requires_grad": true`:
+  the tensor required grad (restored so; `torch.load` keeps it too).
+- `{"tuple": [...], "class": "Size"}`: a `torch.Size` (its items ints), restored as one.
+
+A skeleton without the optional fields (an older manifest: no classes, no shared leaves) restores
+as it did when it was written; a reader from before them ignores them (plain tuples, tensors).
 """
 
 from __future__ import annotations
@@ -26,6 +38,8 @@ from typing import Any
 from seedance_tasks.errors import IntegrityError, UsageError
 
 ORDERED = "OrderedDict"
+SIZE = "Size"  # the class of a tuple node holding a torch.Size
+LEAF_FLAGS = ("parameter", "requires_grad")  # leaf attributes, recorded only when true
 QUANTIZED_DTYPES = ("quint8", "qint8", "qint32")
 PER_TENSOR = ("per_tensor_affine",)
 PER_CHANNEL = ("per_channel_affine", "per_channel_affine_float_qparams")
@@ -54,6 +68,13 @@ def _scalar(value: Any, where: str) -> dict:
         return {"str": value}
     if type(value).__module__ == "torch" and type(value).__name__ == "dtype":  # e.g. in quantized modules
         return {"torch_dtype": str(value).removeprefix("torch.")}
+    if type(value).__name__ not in ("Tensor", "Parameter") and any(
+        cls.__name__ == "Tensor" and cls.__module__.startswith("torch") for cls in type(value).__mro__
+    ):
+        raise UsageError(
+            f"cannot store the {type(value).__name__} (a tensor subclass) at {where or '/'} in a checkpoint",
+            hint="store plain tensors with data: convert it to a dense CPU torch.Tensor first",
+        )
     raise UsageError(
         f"cannot store {type(value).__name__} at {where or '/'} in a checkpoint",
         hint="a checkpoint holds dicts, lists, tuples, tensors, ints, floats, bools, None, strings and dtypes",
@@ -108,14 +129,28 @@ def _node_problem(node: Any, tensor_count: int) -> str | None:
     if "tensor" in node:
         index = node["tensor"]
         valid = isinstance(index, int) and not isinstance(index, bool) and 0 <= index < tensor_count
-        return None if valid else f"tensor index {str(index)[:40]!r} is not one of its {tensor_count} tensors"
+        if not valid:
+            return f"tensor index {str(index)[:40]!r} is not one of its {tensor_count} tensors"
+        view = node.get("view", 0)
+        if not isinstance(view, int) or isinstance(view, bool) or view < 0:
+            return f"a tensor's view {str(view)[:40]!r} is not a count"
+        return next((f"a tensor's {flag} holds {str(node[flag])[:40]!r}, not true"
+                     for flag in LEAF_FLAGS if flag in node and node[flag] is not True), None)
     if "dict" in node:
         pairs = node["dict"]
         if not isinstance(pairs, list) or not all(isinstance(p, list) and len(p) == 2 for p in pairs):
             return "a dict node holds [key, value] pairs"
         return next((problem for key, _ in pairs if (problem := _scalar_problem(key))), None)
     if "list" in node or "tuple" in node:
-        return None if isinstance(node.get("list", node.get("tuple")), list) else "a list node holds a list"
+        items = node.get("list", node.get("tuple"))
+        if not isinstance(items, list):
+            return "a list node holds a list"
+        if "tuple" in node and "class" in node:
+            if node["class"] != SIZE:
+                return f"unknown tuple class {str(node['class'])[:40]!r}"
+            if not all(isinstance(item, dict) and list(item) == ["int"] for item in items):
+                return "a Size node holds ints"
+        return None
     if "quantized" in node:
         return None if isinstance(node["quantized"], dict) else "a quantized node holds an object"
     return _scalar_problem(node)
@@ -182,6 +217,31 @@ def flatten(state: Any) -> tuple[Any, list[tuple[str, Any]]]:
         tensors.append((name_for(path), tensor))
         return {"tensor": len(tensors) - 1}
 
+    by_data: dict[tuple, int] = {}  # what a tensor's data is (_data_key) -> its index
+    by_object: dict[int, tuple[int, int]] = {}  # id() of a tensor object of `state` -> (index, view)
+    views: dict[int, int] = {}  # index -> tensor objects over its data so far
+    quantized_nodes: dict[int, dict] = {}  # id() of a quantized tensor of `state` -> its node
+
+    def leaf(tensor: Any, path: str) -> dict:
+        known = by_object.get(id(tensor))  # `state` keeps every object alive: ids stay unique
+        if known is None:
+            key = _data_key(tensor)
+            index = by_data.get(key) if key is not None else None
+            if index is None:
+                index = add(tensor, path)["tensor"]
+                if key is not None:
+                    by_data[key] = index
+            known = by_object[id(tensor)] = (index, views.get(index, 0))
+            views[index] = known[1] + 1
+        node: dict[str, Any] = {"tensor": known[0]}
+        if known[1]:
+            node["view"] = known[1]
+        if type(tensor).__name__ == "Parameter":
+            node["parameter"] = True
+        if tensor.requires_grad:
+            node["requires_grad"] = True
+        return node
+
     def quantized(value: Any, path: str) -> dict:
         dtype, scheme = _qname(value)
         if dtype not in QUANTIZED_DTYPES or scheme not in PER_TENSOR + PER_CHANNEL:
@@ -203,7 +263,11 @@ def flatten(state: Any) -> tuple[Any, list[tuple[str, Any]]]:
     def walk(value: Any, path: str, depth: int = 0) -> Any:
         if _is_tensor(value):
             _check_dense(value, path)
-            return quantized(value, path) if value.is_quantized else add(value, path)
+            if not value.is_quantized:
+                return leaf(value, path)
+            if id(value) not in quantized_nodes:
+                quantized_nodes[id(value)] = quantized(value, path)
+            return quantized_nodes[id(value)]
         if depth > MAX_DEPTH:
             raise UsageError(f"cannot store {path}: nested more than {MAX_DEPTH} containers deep",
                              hint="a checkpoint's dicts and lists nest at most that deep; flatten that part of the state")
@@ -220,10 +284,26 @@ def flatten(state: Any) -> tuple[Any, list[tuple[str, Any]]]:
             return node
         if isinstance(value, list | tuple):
             kind = "tuple" if isinstance(value, tuple) else "list"
-            return {kind: [walk(item, f"{path}/{i}" if path else str(i), depth + 1) for i, item in enumerate(value)]}
+            node = {kind: [walk(item, f"{path}/{i}" if path else str(i), depth + 1) for i, item in enumerate(value)]}
+            if type(value).__name__ == SIZE and type(value).__module__ == "torch":
+                node["class"] = SIZE
+            return node
         return _scalar(value, path)
 
     return walk(state, ""), tensors
+
+
+def _data_key(tensor: Any) -> tuple | None:
+    """What makes two tensor objects the same data: one storage, offset, shape, strides, dtype,
+    device and conj/neg bits; None for a tensor with no storage bytes (never shared by data)."""
+    try:
+        storage = tensor.untyped_storage()
+    except (RuntimeError, NotImplementedError):  # no storage to compare: never shared by data
+        return None
+    if storage.nbytes() == 0:
+        return None
+    return (storage.data_ptr(), str(tensor.device), tensor.storage_offset(), tuple(tensor.shape),
+            tuple(tensor.stride()), tensor.dtype, tensor.is_conj(), tensor.is_neg())
 
 
 def _check_dense(tensor: Any, path: str) -> None:
@@ -233,6 +313,12 @@ def _check_dense(tensor: Any, path: str) -> None:
         layout = "nested" if tensor.is_nested else str(tensor.layout).removeprefix("torch.")
         raise UsageError(f"cannot store the {layout} tensor at {path or '/'} in a checkpoint",
                          hint="store dense tensors: save tensor.to_dense() (or its indices and values) instead")
+    is_functional = getattr(torch, "_is_functional_tensor", None)
+    if tensor.is_meta or (is_functional is not None and is_functional(tensor)):
+        kind = "meta" if tensor.is_meta else "functional"
+        raise UsageError(f"cannot store the {kind} tensor at {path or '/'} in a checkpoint: it holds no data",
+                         hint="materialise it first (e.g. load the real weights, or tensor.to_empty(device='cpu') "
+                         "and initialise it), then save")
 
 
 def _dequantized_node(node: dict, tensors: list[Any]) -> Any:
@@ -260,39 +346,115 @@ def _dequantized_node(node: dict, tensors: list[Any]) -> Any:
 
 
 def unflatten(skeleton: Any, tensors: list[Any]) -> Any:
-    """The tree `flatten` took apart, with `tensors[i]` in place of tensor i."""
+    """The tree `flatten` took apart, with `tensors[i]` in place of tensor i.
+
+    Leaves that were one tensor object come back as one object, other objects over the same data
+    (`view`) as objects of their own sharing it; `parameter`/`requires_grad` leaves as
+    `nn.Parameter`/tensors requiring grad (new objects over `tensors[i]`, which stays as given).
+    """
+    return _rebuild(skeleton, tensors, {})
+
+
+def _rebuild(skeleton: Any, tensors: list[Any], leaves: dict) -> Any:
     if "tensor" in skeleton:
-        return tensors[skeleton["tensor"]]
+        return _leaf(skeleton, tensors, leaves)
     if "quantized" in skeleton:
         return _dequantized_node(skeleton["quantized"], tensors)
     if "dict" in skeleton:
         kind = skeleton.get("class")
         if kind not in (None, ORDERED):
             raise _unknown({"class": kind})
-        items = ((_scalar_value(key), unflatten(item, tensors)) for key, item in skeleton["dict"])
+        items = ((_scalar_value(key), _rebuild(item, tensors, leaves)) for key, item in skeleton["dict"])
         if kind is None:
             return dict(items)
         rebuilt = OrderedDict(items)
         if "metadata" in skeleton:
-            rebuilt._metadata = unflatten(skeleton["metadata"], tensors)  # type: ignore[attr-defined]
+            rebuilt._metadata = _rebuild(skeleton["metadata"], tensors, leaves)  # type: ignore[attr-defined]
         return rebuilt
     if "list" in skeleton:
-        return [unflatten(item, tensors) for item in skeleton["list"]]
+        return [_rebuild(item, tensors, leaves) for item in skeleton["list"]]
     if "tuple" in skeleton:
-        return tuple(unflatten(item, tensors) for item in skeleton["tuple"])
+        items = tuple(_rebuild(item, tensors, leaves) for item in skeleton["tuple"])
+        kind = skeleton.get("class")
+        if kind is None:
+            return items
+        if kind != SIZE:
+            raise _unknown({"class": kind})
+        import torch
+
+        try:
+            return torch.Size(items)
+        except (TypeError, ValueError, RuntimeError, OverflowError):
+            raise IntegrityError(f"a torch.Size of the checkpoint's tree holds {str(items)[:80]}, not sizes",
+                                 hint="its manifest (or file metadata) is damaged") from None
     return _scalar_value(skeleton)
 
 
-def _plain(skeleton: Any) -> Any:
-    """`skeleton` without container classes and metadata: what an older manifest recorded."""
+def _leaf(node: dict, tensors: list[Any], leaves: dict) -> Any:
+    """The tensor object of one leaf: one object per (tensor, view, flags), as flatten saw them."""
+    view = node.get("view", 0)
+    parameter, grad = node.get("parameter") is True, node.get("requires_grad") is True
+    key = (node["tensor"], view, parameter, grad)
+    if key in leaves:
+        return leaves[key]
+    tensor = tensors[node["tensor"]]
+    if view or parameter or grad:
+        import torch
+
+        tensor = tensor.detach()  # an object of its own over the same data
+        try:
+            tensor = torch.nn.Parameter(tensor, requires_grad=grad) if parameter else tensor.requires_grad_(grad)
+        except RuntimeError as exc:  # e.g. an integer tensor marked as requiring grad
+            raise IntegrityError(f"tensor {node['tensor']} of the checkpoint's tree cannot be restored as "
+                                 f"recorded ({str(exc).splitlines()[0]})",
+                                 hint="its manifest (or file metadata) is damaged") from None
+    leaves[key] = tensor
+    return tensor
+
+
+def aliases(skeleton: Any, names: list[str]) -> dict[str, str]:
+    """{the name a leaf that shares another leaf's tensor (tied weights) would have had on its own:
+    the name of the tensor it shares}, for lookups by name (`load_tensor("model/lm_head.weight")`).
+    `names` are the tensors' names in order; a name that is a tensor's own is never an alias."""
+    own = set(names)
+    found: dict[str, str] = {}
+
+    def walk(node: Any, path: str) -> None:
+        if "tensor" in node:
+            name = path or "tensor"
+            if name not in own and name not in found and names[node["tensor"]] != name:
+                found[name] = names[node["tensor"]]
+        elif "dict" in node:
+            for key, item in node["dict"]:
+                label = _scalar_value(key)
+                walk(item, f"{path}/{label}" if path else str(label))
+            if "metadata" in node:
+                walk(node["metadata"], f"{path}/_metadata" if path else "_metadata")
+        else:
+            for kind in ("list", "tuple"):
+                for index, item in enumerate(node.get(kind, ())):
+                    walk(item, f"{path}/{index}" if path else str(index))
+
+    walk(skeleton, "")
+    return found
+
+
+def _plain(skeleton: Any, classes: bool = True) -> Any:
+    """`skeleton` without what older manifests did not record: leaf flags and torch.Size (before
+    them), and with `classes` also dict classes and metadata (before those)."""
     if isinstance(skeleton, dict):
-        return {key: _plain(value) for key, value in skeleton.items() if key not in ("class", "metadata")}
+        size = "tuple" in skeleton
+        return {key: _plain(value, classes) for key, value in skeleton.items()
+                if key not in LEAF_FLAGS and not (key == "class" and (classes or size))
+                and not (classes and key == "metadata")}
     if isinstance(skeleton, list):
-        return [_plain(item) for item in skeleton]
+        return [_plain(item, classes) for item in skeleton]
     return skeleton
 
 
 def same_tree(skeleton: Any, stored: Any) -> bool:
-    """True if `skeleton` (from flatten) matches a stored one; a stored tree from before container
-    classes were recorded matches on everything else."""
-    return skeleton == stored or (_plain(stored) == stored and _plain(skeleton) == stored)
+    """True if `skeleton` (from flatten) matches a stored one; a stored tree from before leaf flags
+    and torch.Size (or before container classes) were recorded matches on everything else."""
+    if skeleton == stored:
+        return True
+    return any(_plain(stored, classes) == stored and _plain(skeleton, classes) == stored for classes in (False, True))

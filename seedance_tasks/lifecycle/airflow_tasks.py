@@ -91,11 +91,14 @@ def runs_task(planned: dict) -> list[dict]:
 def gc_task(item: dict) -> dict:
     """GC one run under its lease (held by this DAG run); returns counts, bytes freed, the cost
     before/after (no per-step lists) and what it recovered of an earlier attempt."""
+    from seedance_tasks.checkpoint.catalog import damaged_error
     from seedance_tasks.dag_support import airflow_lease_holder
     from seedance_tasks.lifecycle.gc import collect
 
     result = collect(item["store"], [item["run"]], apply=item["apply"], holder=airflow_lease_holder(),
                      **item["overrides"])
+    if result["damaged"]:  # the run was left alone: this run's task fails, the other runs' go on
+        raise damaged_error(result["damaged"], "nothing of the run was collected")
     return {**item, "deleted": result["checkpoints_deleted"], "kept": result["checkpoints_kept"],
             "bytes_freed": result["bytes_freed"], "stray_files": result["stray_files"],
             "stray_bytes": result["stray_bytes"], "cost": result["cost"], "recovered": result["recovered"]}
@@ -104,10 +107,13 @@ def gc_task(item: dict) -> dict:
 @fail_fast
 def tier_task(gc_result: dict) -> dict:
     """Tier one run (after its GC); returns what moved where and the cost before/after."""
+    from seedance_tasks.checkpoint.catalog import damaged_error
     from seedance_tasks.dag_support import airflow_lease_holder
     from seedance_tasks.lifecycle.tiering import tier
 
     result = tier(gc_result["store"], [gc_result["run"]], apply=gc_result["apply"], holder=airflow_lease_holder())
+    if result["damaged"]:
+        raise damaged_error(result["damaged"], "nothing of the run was moved")
     moved: dict[str, int] = {}
     for move in result["moves"]:
         moved[move["to"]] = moved.get(move["to"], 0) + 1

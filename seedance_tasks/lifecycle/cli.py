@@ -26,6 +26,16 @@ def _size(num: int) -> str:
     return format_size(num)
 
 
+def _fail_if_damaged(result: dict, what: str) -> None:
+    """After the report of a pass: its damaged manifests (left alone, `what`) fail the command."""
+    from seedance_tasks.checkpoint.catalog import damaged_error
+
+    if result.get("damaged"):
+        for item in result["damaged"][1:]:  # the first is in the error line
+            console.print(f"[red]damaged:[/] {escape(item['manifest'])}: {escape(item['error'])}", highlight=False)
+        raise damaged_error(result["damaged"], what)
+
+
 def _cost_line(cost: dict) -> str:
     before, after, saving = cost["before"], cost["after"], cost["saving"]
     return (
@@ -88,6 +98,7 @@ def gc(
             console.print("dry run: nothing changed (add --apply)")
 
     emit(result, as_json, render)
+    _fail_if_damaged(result, "nothing of their runs was collected")
 
 
 def tier(
@@ -120,6 +131,7 @@ def tier(
             console.print("dry run: nothing changed (add --apply)")
 
     emit(result, as_json, render)
+    _fail_if_damaged(result, "nothing of their runs was moved")
 
 
 def thaw(
@@ -182,6 +194,7 @@ def cost(
                       f"trash {_size(res['trash_bytes'])}", markup=False)
 
     emit(result, as_json, render)
+    _fail_if_damaged(result, "they are not counted")
 
 
 def register(ckpt_app: typer.Typer) -> None:

@@ -88,7 +88,13 @@ def plan_run(store: Location, run: str, rules: policy.RetentionPolicy, now: date
              roots: list[str] | None = None, stray_min_age_s: float = 86400) -> dict:
     """What GC would do to `run`: kept steps with reasons, garbage steps with bytes, and the files
     of interrupted saves (`strays`) older than `stray_min_age_s`."""
-    found = inventory.manifests(store, run, roots)
+    found, damaged = catalog.read_run(store, run, roots)
+    if damaged:  # a run with a damaged manifest is left alone: its chains and files cannot be told
+        return {"run": run, "policy": rules.model_dump(mode="json"), "checkpoints": len(found) + len(damaged),
+                "kept": [{"step": m["step"], "reasons": ["the run has a damaged manifest: nothing collected"]}
+                         for m in found],
+                "delete": [], "bytes_freed": 0, "strays": [], "stray_bytes": 0, "unrestorable_kept": {},
+                "refused": [], "damaged": damaged, "_manifests": found, "_garbage": []}
     kept = policy.select(found, rules, now)
     garbage, refused = [], []
     for manifest in found:
@@ -113,6 +119,7 @@ def plan_run(store: Location, run: str, rules: policy.RetentionPolicy, now: date
         "stray_bytes": sum(item["bytes"] for item in strays),
         "unrestorable_kept": policy.missing_bases(found, kept),
         "refused": refused,
+        "damaged": [],
         "_manifests": found,
         "_garbage": garbage,
     }
@@ -140,7 +147,7 @@ def collect(
     `on_progress(done, total)` is called as runs are done.
     """
     settings = settings or load_lifecycle_settings()
-    store = storage.resolve(store_uri)
+    store = catalog.existing_store(store_uri)
     now = now or datetime.now(UTC)
     names = [catalog.check_run_name(run) for run in runs] if runs else catalog.runs(store)
     rules = {run: policy.policy_with(settings, run, **policy_overrides) for run in names}
@@ -189,4 +196,5 @@ def collect(
         "trash_id": trash_id if apply else None,
         "trash": posixpath.join(store.uri, storage.TRASH_DIR) if apply else None,
         "recovered": recovered,
+        "damaged": [item for p in plans for item in p["damaged"]],
     }

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from seedance_tasks import journal, storage
 from seedance_tasks.checkpoint import catalog
-from seedance_tasks.lifecycle import costs, inventory, journaled
+from seedance_tasks.lifecycle import costs, journaled
 from seedance_tasks.lifecycle.settings import TIERS, LifecycleSettings
 
 
@@ -24,10 +24,14 @@ def store_report(store_uri: str, settings: LifecycleSettings | None = None) -> d
     from seedance_tasks.lifecycle.gc import load_lifecycle_settings
 
     settings = settings or load_lifecycle_settings()
-    store = storage.resolve(store_uri)
+    store = catalog.existing_store(store_uri)
     trusted = journaled.roots(store, settings)
-    found = [m for run in catalog.runs(store) for m in inventory.manifests(store, run, trusted)]
-    result = {"store": store.uri, **costs.report(found, settings)}
+    found, damaged = [], []
+    for run in catalog.runs(store):  # a damaged manifest is reported (`damaged`), the others still counted
+        run_found, run_damaged = catalog.read_run(store, run, trusted)
+        found.extend(run_found)
+        damaged.extend(run_damaged)
+    result = {"store": store.uri, **costs.report(found, settings), "damaged": damaged}
     trash = 0
     for root in roots(store_uri, settings):
         location = storage.resolve(root)

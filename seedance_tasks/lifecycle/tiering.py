@@ -332,13 +332,22 @@ def recover(store: Location, run: str, roots: list[str]) -> list[dict]:
 
 
 def plan(store: Location, runs: list[str], settings: LifecycleSettings, now: datetime,
-         usable: list[str] = TIERS, roots: list[str] | None = None) -> tuple[list[dict], list[dict]]:
+         usable: list[str] = TIERS, roots: list[str] | None = None,
+         damaged: list[dict] | None = None) -> tuple[list[dict], list[dict]]:
     """(manifests, moves): each checkpoint whose desired tier (the coldest `usable` one up to the
-    tier its age asks for) is colder than where it is."""
+    tier its age asks for) is colder than where it is. A run with a damaged manifest raises its
+    IntegrityError or, given a `damaged` list, has it appended there and gets no moves."""
     found, moves = [], []
     for run in runs:
         restored = inventory.last_restored(store, run)
-        manifests = inventory.manifests(store, run, roots)
+        if damaged is None:
+            manifests = inventory.manifests(store, run, roots)
+        else:
+            manifests, broken = catalog.read_run(store, run, roots)
+            if broken:
+                damaged.extend(broken)
+                found.extend(manifests)
+                continue
         for manifest in manifests:
             found.append(manifest)
             if settings.tiers.keep_latest_hot and manifest is manifests[-1]:
@@ -381,7 +390,7 @@ def tier(
     from seedance_tasks.lifecycle.gc import recover as recover_run
 
     settings = settings or load_lifecycle_settings()
-    store = storage.resolve(store_uri)
+    store = catalog.existing_store(store_uri)
     now = now or datetime.now(UTC)
     names = [catalog.check_run_name(run) for run in runs] if runs else catalog.runs(store)
     usable = [name for name in TIERS if name == "hot" or settings.tiers.spec(name).uri or store.is_s3]
@@ -392,12 +401,12 @@ def tier(
     roots = journaled.roots(store, settings)
     trash_id = trash_id or storage.new_run_id()  # real time: purge dates trash by it
     holder = holder or f"tier-{trash_id}"
-    found, moves, done, skipped, recovered, after_manifests = [], [], [], [], [], []
+    found, moves, done, skipped, recovered, after_manifests, damaged = [], [], [], [], [], [], []
     for index, run in enumerate(names):
         if on_progress:
             on_progress(index, len(names))
         if not apply:
-            run_found, run_moves = plan(store, [run], settings, now, usable, roots)
+            run_found, run_moves = plan(store, [run], settings, now, usable, roots, damaged)
             found.extend(run_found)
             moves.extend(run_moves)
             planned = {m["step"]: m["to"] for m in run_moves}
@@ -406,13 +415,13 @@ def tier(
             continue
         with journaled.run_lease(store, run, holder, "checkpoint tiering") as held:
             recovered.extend(recover_run(store, run, roots))
-            run_found, run_moves = plan(store, [run], settings, now, usable, roots)
+            run_found, run_moves = plan(store, [run], settings, now, usable, roots, damaged)
             found.extend(run_found)
             moves.extend(run_moves)
             for move in run_moves:
                 result = move_checkpoint(store, move["_manifest"], move["to"], settings, trash_id, roots, held)
                 (done if result["action"] == "moved" else skipped).append({**result, "from": move["from"]})
-            after_manifests.extend(inventory.manifests(store, run, roots))
+            after_manifests.extend(catalog.read_run(store, run, roots)[0])
     if on_progress:
         on_progress(len(names), len(names))
     before = costs.report(found, settings)
@@ -430,4 +439,5 @@ def tier(
         "trash_id": trash_id if apply else None,
         "recovered": recovered,
         "notes": notes,
+        "damaged": damaged,
     }

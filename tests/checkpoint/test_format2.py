@@ -134,6 +134,10 @@ def test_unknown_or_tampered_format_is_refused_with_a_clear_error(tmp_path, drif
     biggest = max(tampered["tensors"], key=lambda t: t["nbytes"])
     biggest["chunks"][0]["blake3"] = "0" * 64
     _write_manifest(store, "r", step, tampered)
+    with pytest.raises(IntegrityError, match="manifest_blake3") as caught:  # the manifest's seal sees it first
+        checkpoint.load(str(store), "r", step)
+    tampered.pop("manifest_blake3")  # a manifest from before the seal: the chunk's own digest sees it
+    _write_manifest(store, "r", step, tampered)
     with pytest.raises(IntegrityError) as caught:
         checkpoint.load(str(store), "r", step)
     assert f"tensor {biggest['name']}" in caught.value.message and "does not match its blake3" in caught.value.message
