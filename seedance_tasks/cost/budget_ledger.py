@@ -24,8 +24,8 @@ from typing import Any, Literal
 from pydantic import Field, ValidationError, field_serializer
 
 from seedance_tasks import lease, storage
-from seedance_tasks.errors import InputError, IntegrityError
 from seedance_tasks.cost.workdays import MONTH_PATTERN
+from seedance_tasks.errors import InputError, IntegrityError
 from seedance_tasks.settings_base import StrictModel
 from seedance_tasks.storage import Location
 

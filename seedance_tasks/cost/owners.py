@@ -34,7 +34,6 @@ from seedance_tasks.errors import YAML_HINT, ConfigError, yaml_problem
 from seedance_tasks.notifiers import WebhookRef, email_list
 
 
-
 def norm_key(key: str) -> str:
     """A tag key as compared: surrounding spaces dropped, case folded."""
     return key.strip().casefold()
