@@ -299,21 +299,31 @@ def refuse_symlinks(root: Location, relative_path: str, *, what: str) -> None:
     listing never follows a link. Components that do not exist (yet) are fine: nothing below
     them can be a link. `relative_path` must already be confined (`confine`).
     """
+    link = through_link(root, relative_path)
+    if link is not None:
+        raise IntegrityError(
+            f"{what}: path {relative_path!r} passes through the symlink {root.join(link)}, which may lead "
+            f"out of {root.uri}; refused (symlinks below a root are never followed)",
+            hint=_CONFINE_HINT,
+        )
+
+
+def through_link(root: Location, rel: str) -> str | None:
+    """The first component of `root/rel` (`rel` confined) that is a symlink, as a path relative
+    to `root`; None if none is, or on S3 (no symlinks there). Components that do not exist (yet)
+    end the walk: nothing below them can be a link."""
     if root.is_s3:
-        return
-    current = root.path
-    for part in relative_path.split("/"):
-        current = os.path.join(current, part)
+        return None
+    parts = rel.split("/")
+    for end in range(1, len(parts) + 1):
+        partial = "/".join(parts[:end])
         try:
-            mode = os.lstat(current).st_mode
+            mode = os.lstat(root.join(partial)).st_mode
         except (FileNotFoundError, NotADirectoryError):
-            return
+            return None
         if stat.S_ISLNK(mode):
-            raise IntegrityError(
-                f"{what}: path {relative_path!r} passes through the symlink {current}, which may lead "
-                f"out of {root.uri}; refused (symlinks below a root are never followed)",
-                hint=_CONFINE_HINT,
-            )
+            return partial
+    return None
 
 
 def read_bytes(fs: pafs.FileSystem, path: str) -> bytes:

@@ -45,6 +45,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from seedance_tasks import storage
+from seedance_tasks.checkpoint.tree import MAX_DEPTH, MAX_INT_DIGITS, tree_problem
 from seedance_tasks.errors import IntegrityError, UsageError
 from seedance_tasks.storage import Location
 
@@ -67,11 +68,6 @@ Codec = Literal["zstd", "lz4", "bgzstd", "delta-xor", "delta-sub", "delta-bsub"]
 DELTA_CODECS = ("delta-xor", "delta-sub", "delta-bsub")  # codecs.DELTA_CODECS: taken against `base`
 Hex256 = Annotated[str, Field(pattern=_HEX256)]
 
-MAX_INT_DIGITS = 4000
-"""The most digits (sign aside) of a Python int in a checkpoint's tree, for the writer and the
-reader alike: `save` refuses a longer one up front (UsageError naming its key path,
-`oversized_int`), `parse` refuses a manifest holding one (`tree.tree_problem`). Below Python's
-own int/str conversion limit (4300 digits by default), so any interpreter reads it back."""
 MAX_STEP = 2**63 - 1  # the largest step a checkpoint may have (`checked_step`)
 
 DIGEST_KEY = "manifest_blake3"
@@ -290,8 +286,6 @@ def parse(data: bytes | str | dict, *, where: str, run: str, step: int, roots: I
     except ValueError:
         raise _refuse(where, "created_at", f"{model.created_at!r} is not an ISO time") from None
     _check_links(model, where)
-    from seedance_tasks.checkpoint.tree import tree_problem  # here: tree.py may import this module
-
     problem = tree_problem(model.tree, len(model.tensors))
     if problem:
         raise _refuse(where, *problem)
@@ -446,7 +440,7 @@ def seal(manifest: dict) -> dict:
 
 def _check_seal(dumped: dict, where: str) -> None:
     """Every field and tensor entry the seal covers still has its recorded digest."""
-    recorded, found = dumped[DIGEST_KEY], _seal_of(dumped)
+    recorded = dumped[DIGEST_KEY]
     missing = [name for name in SEALED_FIELDS if name not in recorded["fields"]]
     if missing:
         raise _refuse(where, f"{DIGEST_KEY}.fields", f"does not cover {missing[0]!r}")
@@ -457,9 +451,8 @@ def _check_seal(dumped: dict, where: str) -> None:
     if len(recorded["tensors"]) != len(dumped["tensors"]):
         raise _refuse(where, f"{DIGEST_KEY}.tensors", f"holds {len(recorded['tensors'])} digests for "
                       f"{len(dumped['tensors'])} tensors")
-    for index, (entry, digest, now) in enumerate(zip(dumped["tensors"], recorded["tensors"], found["tensors"],
-                                                     strict=True)):
-        if digest != now:
+    for index, (entry, digest) in enumerate(zip(dumped["tensors"], recorded["tensors"], strict=True)):
+        if digest_of(_tensor_form(entry)) != digest:
             raise _refuse(where, f"tensors[{entry['name'][:80]!r}]", f"its name, dtype, shape, codec or chunks do "
                           f"not match its digest ({DIGEST_KEY}.tensors[{index}]): changed after the save")
 
@@ -493,7 +486,7 @@ def oversized_int(state: Any) -> tuple[str, int] | None:
             if abs(value) >= _INT_BOUND:
                 return path or "/", int(abs(value).bit_length() * 0.30103) + 1
             continue
-        if depth > 2 * 100 or type(value).__module__.startswith("torch"):  # flatten refuses deeper; tensors hold no ints
+        if depth > 2 * MAX_DEPTH or type(value).__module__.startswith("torch"):  # flatten refuses deeper; tensors hold no ints
             continue
         if isinstance(value, dict):
             for key, item in value.items():

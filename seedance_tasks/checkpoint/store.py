@@ -65,6 +65,7 @@ from seedance_tasks.checkpoint.catalog import (  # noqa: F401 - re-exported: the
 )
 from seedance_tasks.checkpoint.manifest import (  # noqa: F401
     FORMAT,
+    LOSSY_FROM,
     MANIFEST,
     MAX_INT_DIGITS,
     STEP_DIR,
@@ -78,7 +79,7 @@ from seedance_tasks.checkpoint.tree import aliases, flatten, keep_exact, same_tr
 from seedance_tasks.errors import IntegrityError, RefusedError, UsageError
 from seedance_tasks.storage import Location
 
-LOSSY_DTYPES = {"float32", "float64"}
+LOSSY_DTYPES = set(LOSSY_FROM)  # what a lossy bf16 save downcasts: the dtypes `parse` accepts as downcast
 log = logging.getLogger(__name__)
 
 

@@ -102,7 +102,12 @@ def _scalar_value(node: dict) -> Any:
 
 
 MAX_DEPTH = 100  # containers inside containers: far past any model's state, well inside Python's recursion limit
-_INT_TEXT = re.compile(r"^-?[0-9]{1,4000}$")
+MAX_INT_DIGITS = 4000
+"""The most digits (sign aside) of a Python int in a checkpoint's tree, for the writer and the
+reader alike: `save` refuses a longer one up front (UsageError naming its key path,
+`manifest.oversized_int`), `parse` refuses a manifest holding one (`tree_problem`). Below Python's
+own int/str conversion limit (4300 digits by default), so any interpreter reads it back."""
+_INT_TEXT = re.compile(rf"^-?[0-9]{{1,{MAX_INT_DIGITS}}}$")
 _FLOAT_TEXT = ("nan", "inf", "-inf")
 
 

@@ -54,16 +54,8 @@ class CompactionPlan:
     files_listed: int = 0
 
     def to_json(self) -> dict:
+        """The plan as stored; read back (untrusted) by `validated`."""
         return asdict(self)
-
-    @classmethod
-    def from_json(cls, data: dict) -> CompactionPlan:
-        """The plan `to_json` wrote, as it is (trusted input; a stored plan goes through `validated`)."""
-        partitions = [
-            PartitionPlan(item["partition"], [SourceFile(**source) for source in item["files"]])
-            for item in data["partitions"]
-        ]
-        return cls(data["run_id"], data["uri"], partitions, data["skipped"], data["files_listed"])
 
 
 PLAN_HINT = ("the plan file was edited or damaged; nothing was changed. Move it away and start a new DAG "

@@ -102,9 +102,9 @@ def _int96_unit(root: Location, source: SourceFile, parquet: pq.ParquetFile) -> 
 
     pyarrow decodes INT96 to nanoseconds by default, and silently wraps values outside
     1677-09-21..2262-04-11 (Spark's 0001-01-01 and 9999-12-31 sentinels become 1754 and 1816).
-    So each INT96 column is decoded three ways: in seconds (which cannot overflow: INT96 holds a
-    32-bit day), in microseconds and in nanoseconds; comparing them (remainders in wrapping
-    64-bit arithmetic, ranges in checked arithmetic) tells exactly which unit holds every value.
+    So each INT96 column is decoded twice: in seconds (which cannot overflow: INT96 holds a
+    32-bit day) and in nanoseconds; comparing them (remainders in wrapping 64-bit arithmetic,
+    ranges in checked arithmetic) tells exactly which unit holds every value.
     One unit serves the whole file (pyarrow's option is per file): a file with sub-microsecond
     digits in one value and a value beyond the nanosecond range in another (or a value beyond
     the microsecond range) raises SchemaConflict: the partition is skipped, the file is fine.
@@ -112,8 +112,7 @@ def _int96_unit(root: Location, source: SourceFile, parquet: pq.ParquetFile) -> 
     columns = _int96_columns(parquet)
     if not columns:
         return None
-    reads = {unit: _open(root, source, unit) for unit in ("s", "us")}
-    reads["ns"] = parquet
+    reads = {"s": _open(root, source, "s"), "ns": parquet}
     finer: str | None = None  # the first column with sub-microsecond digits
     wider: str | None = None  # the first column with a value beyond the nanosecond range
     try:
@@ -123,19 +122,17 @@ def _int96_unit(root: Location, source: SourceFile, parquet: pq.ParquetFile) -> 
             except _READ_ERRORS as exc:
                 raise BadSourceFile(source, f"row group {group} unreadable ({_first_line(exc)})") from None
             for name in columns:
-                chunks = zip(*(tables[unit].column(name).chunks for unit in ("s", "us", "ns")), strict=True)
-                for s_chunk, us_chunk, ns_chunk in chunks:
-                    leaves = zip(_timestamp_leaves(s_chunk), _timestamp_leaves(us_chunk),
-                                 _timestamp_leaves(ns_chunk), strict=True)
-                    for by_s, by_us, by_ns in leaves:
-                        if (by_s.type.unit, by_us.type.unit, by_ns.type.unit) != ("s", "us", "ns"):
+                chunks = zip(tables["s"].column(name).chunks, tables["ns"].column(name).chunks, strict=True)
+                for s_chunk, ns_chunk in chunks:
+                    leaves = zip(_timestamp_leaves(s_chunk), _timestamp_leaves(ns_chunk), strict=True)
+                    for by_s, by_ns in leaves:
+                        if (by_s.type.unit, by_ns.type.unit) != ("s", "ns"):
                             continue  # an INT64 timestamp beside the INT96 one: read the same in any case
-                        needs_ns, fits_ns = _check_int96(source, name, by_s, by_us, by_ns)
+                        needs_ns, fits_ns = _check_int96(source, name, by_s, by_ns)
                         finer = finer or (name if needs_ns else None)
                         wider = wider or (name if not fits_ns else None)
     finally:
-        for unit in ("s", "us"):
-            reads[unit].close()
+        reads["s"].close()
     if finer and wider:
         raise SchemaConflict(
             f"{source.path}: INT96 timestamps of column {finer!r} have sub-microsecond digits and those of "
@@ -144,18 +141,18 @@ def _int96_unit(root: Location, source: SourceFile, parquet: pq.ParquetFile) -> 
     return "ns" if finer else "us"
 
 
-def _check_int96(source: SourceFile, column: str, by_s: pa.Array, by_us: pa.Array, by_ns: pa.Array
-                 ) -> tuple[bool, bool]:
-    """(needs nanoseconds, fits nanoseconds) for these INT96 values, decoded in s, us and ns.
+def _check_int96(source: SourceFile, column: str, by_s: pa.Array, by_ns: pa.Array) -> tuple[bool, bool]:
+    """(needs nanoseconds, fits nanoseconds) for these INT96 values, decoded in s and ns.
 
     SchemaConflict if they are beyond even the microsecond range, or need nanoseconds and do
     not fit them."""
-    seconds, micros, nanos = (leaf.cast(pa.int64()) for leaf in (by_s, by_us, by_ns))
-    # floor(T / 1 us) - floor(T / 1 s) * 10**6, exact even where the microsecond decode wrapped
-    sub_second = pc.subtract(micros, pc.multiply(seconds, 1_000_000))
-    sub_micro = pc.subtract(nanos, pc.multiply(micros, 1_000))  # the digits a microsecond read drops
+    seconds, nanos = (leaf.cast(pa.int64()) for leaf in (by_s, by_ns))
+    # floor(T / 1 ns) - floor(T / 1 s) * 10**9 (in [0, 10**9)), exact even where the nanosecond decode wrapped
+    sub_second = pc.subtract(nanos, pc.multiply(seconds, 1_000_000_000))
+    sub_second_us = pc.divide(sub_second, 1_000)  # integer division of values >= 0: floor
+    sub_micro = pc.subtract(sub_second, pc.multiply(sub_second_us, 1_000))  # the digits a microsecond read drops
     try:
-        pc.add_checked(pc.multiply_checked(seconds, 1_000_000), sub_second)
+        micros = pc.add_checked(pc.multiply_checked(seconds, 1_000_000), sub_second_us)  # floor(T / 1 us)
     except pa.ArrowInvalid:
         raise SchemaConflict(f"{source.path}: column {column!r} holds INT96 timestamps beyond the microsecond "
                              "range (about 290,000 years from 1970); they cannot be rewritten exactly") from None
@@ -558,10 +555,11 @@ def _attempt(root: Location, plan: PartitionPlan, run_id: str, index: int, token
             except BaseException:
                 parquet.close()
                 raise
-            if int96_unit is not None:  # reopened so that its schema and reads use that unit
+            if int96_unit is not None:
+                int96_units[source.path] = int96_unit
+            if int96_unit not in (None, "ns"):  # reopened so that its schema and reads use that unit (default: ns)
                 parquet.close()
                 parquet = _open(root, source, int96_unit)
-                int96_units[source.path] = int96_unit
             opened.append((source, parquet))
         except BadSourceFile as bad:
             quarantined.append(_quarantine(root, bad, run_id))

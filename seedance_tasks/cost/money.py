@@ -167,7 +167,7 @@ def rounded(amount: Decimal | int | str, currency: str | None) -> Decimal:
     return value if value else abs(value)
 
 
-def display(amount: Decimal | int | str, currency: str | None) -> str:
+def display(amount: Decimal | int | str, currency: str | None = None) -> str:
     """`amount` as a person reads it: `rounded`, thousands separators, a leading minus when negative,
     then the currency code (`-1,234.57 USD`, `1,235 JPY`, `1.235 KWD`); None or an empty currency shows
     the number alone, at 2 places (`1,234.57`)."""

@@ -23,10 +23,7 @@ UNALLOCATED = "#cf4b3e"
 _FONT = "font-family='system-ui,sans-serif' font-size='12'"
 
 
-def money(value: Decimal, currency: str | None = None) -> str:
-    """`value` as `cost.money.display` shows it: half-up to the currency's minor unit, thousands
-    separators, the currency code (`-1,234.57 USD`, `1,235 JPY`)."""
-    return display(value, currency)
+money = display  # the one money rule, under the name the pages and charts use
 
 
 def clip(label: str, chars: int) -> str:

@@ -72,7 +72,7 @@ def _linked(store: Location, manifest: dict) -> str | None:
     """Why a checkpoint must be left alone: a file of it is reached through a symlink (else None)."""
     for name in sorted(manifest["files"]):
         ref = inventory.file_ref(store, manifest, name)
-        link = journaled.through_link(storage.resolve(ref.root), ref.rel)
+        link = storage.through_link(storage.resolve(ref.root), ref.rel)
         if link:
             return f"{ref.root}/{link} is a symlink (never followed)"
     return None

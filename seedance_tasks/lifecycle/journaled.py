@@ -11,8 +11,6 @@ recovers exactly those (`prefix`), under the run's lease `run-<run>`.
 from __future__ import annotations
 
 import hashlib
-import os
-import posixpath
 import secrets
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -56,13 +54,3 @@ def run_lease(store: Location, run: str, holder: str, purpose: str) -> Iterator[
         yield held
 
 
-def through_link(root: Location, rel: str) -> str | None:
-    """The first component of `root/rel` that is a symlink (local disk), or None."""
-    if root.is_s3:
-        return None
-    parts = rel.split("/")
-    for end in range(1, len(parts) + 1):
-        partial = posixpath.join(*parts[:end])
-        if os.path.islink(root.join(partial)):
-            return partial
-    return None

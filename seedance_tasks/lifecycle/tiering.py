@@ -252,7 +252,7 @@ def move_checkpoint(store: Location, manifest: dict, target: str, settings: Life
                 "reason": f"{len(blocked)} file(s) in an archive class; thaw them to move them"}
     for move in moves:
         for side in ("src", "dst"):
-            link = journaled.through_link(storage.resolve(move[side]["root"]), move[side]["rel"])
+            link = storage.through_link(storage.resolve(move[side]["root"]), move[side]["rel"])
             if link:
                 return {"run": run, "step": step, "to": target, "action": "skipped",
                         "reason": f"{move[side]['root']}/{link} is a symlink (never followed)"}
@@ -289,7 +289,7 @@ def _drop_copies(moves: list[dict]) -> None:
         if move["in_place"]:
             continue
         dst = storage.resolve(move["dst"]["root"])
-        if journaled.through_link(dst, move["dst"]["rel"]):
+        if storage.through_link(dst, move["dst"]["rel"]):
             continue
         path = dst.join(move["dst"]["rel"])
         if storage.is_file(dst.fs, path):

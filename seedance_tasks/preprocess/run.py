@@ -37,7 +37,7 @@ import logging
 import posixpath
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from datetime import UTC, datetime
 from typing import Any
 
@@ -133,17 +133,18 @@ def shard_problem(error: InputError | RefusedError) -> dict[str, Any]:
             "hint": error.hint or "this tar is not a plain WebDataset shard; rebuild or re-fetch it"}
 
 
-def _quarantine(out, shard: ShardRef, name: str, error: InputError | RefusedError, run_id: str) -> dict[str, Any]:
+def _quarantine(out, shard: ShardRef, name: str, error: InputError | RefusedError, run_id: str,
+                earlier: Any = None) -> dict[str, Any]:
     """Record one bad input shard under `OUT/_seedance/quarantine/preprocess/`; returns the
     summary's entry (`report_lines` words it). The input shard is never touched.
 
-    An existing record of the same shard, size and problem is kept as it is (a rerun changes
-    nothing there); any other is replaced."""
+    `earlier` is the shard's record as the run found it (`_read_record`; None if it had none):
+    one of the same shard, size and problem is kept as it is (a rerun changes nothing there);
+    any other is replaced."""
     problem = shard_problem(error)
-    path = out.join(QUARANTINE_DIR, f"{name}.json")
+    path = _record_path(out, name)
     record = {"name": name, "shard": shard.uri, **_stamp(shard), **problem, "run_id": run_id,
               "at": datetime.now(UTC).isoformat(), "input": "left in place: not under Seedance's outputs"}
-    earlier = _read_record(out, path)
     same = ("name", "shard", "source_bytes", "source_mtime_ns", "kind", "member", "error")
     if isinstance(earlier, dict) and all(earlier.get(key) == record[key] for key in same):
         record = earlier
@@ -164,12 +165,11 @@ def _stamp(shard: ShardRef) -> dict[str, int | None]:
     return {"source_bytes": info.size, "source_mtime_ns": info.mtime_ns}
 
 
-def _still_quarantined(out, shard: ShardRef, name: str) -> dict[str, Any] | None:
-    """The summary's entry of `name` if its quarantine record is of this very input (same URI,
-    size and modification time): a rerun reports it again without reading it. A shard rewritten
-    or replaced since (or touched) is checked again."""
-    path = out.join(QUARANTINE_DIR, f"{name}.json")
-    record = _read_record(out, path)
+def _still_quarantined(out, shard: ShardRef, name: str, record: Any) -> dict[str, Any] | None:
+    """The summary's entry of `name` if its quarantine record (`record`, as `_read_record` read
+    it) is of this very input (same URI, size and modification time): a rerun reports it again
+    without reading it. A shard rewritten or replaced since (or touched) is checked again."""
+    path = _record_path(out, name)
     if not isinstance(record, dict) or record.get("shard") != shard.uri or record.get("name") != name:
         return None
     stamp = _stamp(shard)
@@ -186,10 +186,13 @@ def report_lines(item: dict[str, Any]) -> tuple[str, str]:
     return error, hint
 
 
+def _record_path(out, name: str) -> str:
+    """Where the quarantine record of output shard `name` is."""
+    return out.join(QUARANTINE_DIR, f"{name}.json")
+
+
 def _read_record(out, path: str) -> Any:
-    """A JSON record, or None if it is absent or not JSON (it is rewritten then)."""
-    if not storage.is_file(out.fs, path):
-        return None
+    """The JSON record at `path` (which exists), or None if it is not JSON (it is rewritten then)."""
     try:
         return storage.read_json(out.fs, path)
     except ValueError:
@@ -267,10 +270,10 @@ def group_prefix(names: list[str]) -> str:
     return f"pp-{digest}-"
 
 
-def _stale_records(out, names: list[str]) -> list[str]:
-    """The quarantine records of `names` (relative paths): retired to the trash when those shards publish."""
-    paths = [f"{QUARANTINE_DIR}/{name}.json" for name in names]
-    return [path for path in paths if storage.is_file(out.fs, out.join(path))]
+def _stale_records(names: list[str], recorded: Collection[str]) -> list[str]:
+    """The quarantine records of `names` (relative paths; `recorded`: the names the run found a
+    record of): retired to the trash when those shards publish."""
+    return [f"{QUARANTINE_DIR}/{name}.json" for name in names if name in recorded]
 
 
 def _staging(out, names: list[str], tag: str) -> tuple[list[dict], list[dict]]:
@@ -281,7 +284,7 @@ def _staging(out, names: list[str], tag: str) -> tuple[list[dict], list[dict]]:
 
 
 def _without(out, job: journal.Journal, prefix: str, run_id: str, names: list[str], publishes: list[dict],
-             good: list[int]) -> tuple[journal.Journal, list[dict], list[dict]]:
+             good: list[int], recorded: Collection[str]) -> tuple[journal.Journal, list[dict], list[dict]]:
     """Swap `job` for a journal that publishes only the output shards numbered `good`.
 
     A journal's publishes are fixed when it begins, and a shard quarantined half written must not
@@ -294,7 +297,7 @@ def _without(out, job: journal.Journal, prefix: str, run_id: str, names: list[st
     kept = [names[number] for number in good]
     shards, records = _staging(out, kept, f"{run_id}-q")
     second = journal.Journal.begin(out, f"{prefix}{run_id}-q", JOURNAL_KIND, shards + records,
-                                   _stale_records(out, kept), dict(job.meta))
+                                   _stale_records(kept, recorded), dict(job.meta))
     try:
         for number, entry in zip(good, shards, strict=True):
             storage.move(out.fs, out.join(publishes[number]["staged"]), out.join(entry["staged"]))
@@ -311,16 +314,22 @@ def _run(shards_uri: str, out_uri: str, out, pairs: list, settings: PreprocessSe
     prefix = group_prefix([name for _shard, name in pairs])
     recovered = journal.recover(out, JOURNAL_KIND, prefix=None if recover else prefix)
     todo, skipped, quarantined = [], [], []
+    recorded: dict[str, Any] = {}  # the quarantine record (`_read_record`) of each shard to do that has one
     for shard, name in pairs:
         if _is_done(out, name, shard, settings.size):
             skipped.append(name)
-        elif (earlier := _still_quarantined(out, shard, name)) is not None:
-            quarantined.append(earlier)
-        else:
-            todo.append((shard, name))
+            continue
+        if storage.is_file(out.fs, record_path := _record_path(out, name)):
+            record = _read_record(out, record_path)
+            if (earlier := _still_quarantined(out, shard, name, record)) is not None:
+                quarantined.append(earlier)
+                continue
+            recorded[name] = record
+        todo.append((shard, name))
     bad = prescan([shard for shard, _name in todo])
     for position in sorted(bad):
-        quarantined.append(_quarantine(out, *todo[position], bad[position], run_id))
+        shard, name = todo[position]
+        quarantined.append(_quarantine(out, shard, name, bad[position], run_id, recorded.get(name)))
     todo = [pair for position, pair in enumerate(todo) if position not in bad]
 
     summary: dict[str, Any] = {
@@ -338,7 +347,7 @@ def _run(shards_uri: str, out_uri: str, out, pairs: list, settings: PreprocessSe
     names = [name for _shard, name in todo]
     publishes, records_staged = _staging(out, names, run_id)  # done-records published with the shards, after them
     job = journal.Journal.begin(out, f"{prefix}{run_id}", JOURNAL_KIND, publishes + records_staged,
-                                _stale_records(out, names), {"shards": shards_uri})
+                                _stale_records(names, recorded), {"shards": shards_uri})
     header = npy_header(settings.size)
     writers: dict[int, tuple[Any, TarShardWriter]] = {}
     counts: dict[int, dict[str, Any]] = {number: {"seen": 0, "expected": None, "failed": []} for number in range(len(todo))}
@@ -374,7 +383,8 @@ def _run(shards_uri: str, out_uri: str, out, pairs: list, settings: PreprocessSe
         bad_shards.add(number)
         if number in writers and not writers[number][0].closed:
             writers[number][0].close()
-        quarantined.append(_quarantine(out, *todo[number], error, run_id))
+        shard, name = todo[number]
+        quarantined.append(_quarantine(out, shard, name, error, run_id, recorded.get(name)))
 
     started = time.perf_counter()
     main_cpu = time.process_time()
@@ -407,7 +417,7 @@ def _run(shards_uri: str, out_uri: str, out, pairs: list, settings: PreprocessSe
             raise RuntimeError(f"pipeline ended with {len(todo) - len(records) - len(bad_shards)} shard(s) unfinished")
         good = sorted(records)
         if bad_shards and good:
-            job, _shards, kept_records = _without(out, job, prefix, run_id, names, publishes, good)
+            job, _shards, kept_records = _without(out, job, prefix, run_id, names, publishes, good, recorded)
             records_staged = dict(zip(good, kept_records, strict=True))
         elif not good:  # every shard of this run quarantined half written: nothing to publish
             job.rollback()

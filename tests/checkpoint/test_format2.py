@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from seedance_tasks import checkpoint, storage
 from seedance_tasks.checkpoint import choices
 from seedance_tasks.checkpoint import store as ckstore
-from seedance_tasks.checkpoint.manifest import FORMAT_1, FORMAT_2, Codec
+from seedance_tasks.checkpoint.manifest import DELTA_CODECS, FORMAT_1, FORMAT_2, Codec
 from seedance_tasks.cli import app
 from seedance_tasks.errors import IntegrityError
 
@@ -325,3 +325,7 @@ def test_ls_reads_sizes_from_the_manifest_fields_not_its_stats(tmp_path, driftin
     (row,) = ckstore.list_checkpoints(str(store))
     assert (row["raw_bytes"], row["stored_bytes"], row["ratio"]) == (good["raw_bytes"], good["stored_bytes"], good["ratio"])
     assert row["raw_bytes"] == sum(t["nbytes"] for t in tampered["tensors"])
+
+
+def test_the_manifest_checks_know_the_delta_codecs_there_are():
+    assert DELTA_CODECS == ckstore.codecs.DELTA_CODECS  # a copy (manifest imports no codec library)

@@ -86,3 +86,15 @@ def test_confine_with_a_root_checks_every_component(lake):
             storage.confine(path, what="manifest m", root=root)
         assert refused.value.hint
     assert storage.confine("link=1/precious.txt", what="m") == "link=1/precious.txt"  # text only without a root
+
+
+def test_through_link_names_the_first_link_below_the_root(lake):
+    """`storage.through_link` is the one walk behind `confine(root=...)`, GC and tiering: the first
+    symlink component relative to the root, or None (absent components and paths below a file too)."""
+    root, _ = lake
+    assert storage.through_link(root, "link=1/precious.txt") == "link=1"
+    assert storage.through_link(root, "link=1") == "link=1"
+    os.symlink(root.join("data"), root.join("data", "loop"))
+    assert storage.through_link(root, "data/loop/a.txt") == "data/loop"
+    for path in ("data/a.txt", "data/not-yet/b.txt", "data/a.txt/below"):
+        assert storage.through_link(root, path) is None

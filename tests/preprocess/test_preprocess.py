@@ -20,21 +20,11 @@ from seedance_tasks.preprocess.settings import PreprocessSettings
 from seedance_tasks.shards.build import build
 from seedance_tasks.shards.sample import make_sample_files
 from seedance_tasks.shards.settings import ShardSettings
-from seedance_tasks.shards.tario import iter_members, iter_samples
 from tests.conftest import xcom_value
+from tests.preprocess.conftest import read_output
 
 SIZE = 32
 SETTINGS = PreprocessSettings(size=SIZE, io_workers=2, cpu_workers=2, batch_size=4)
-
-
-def read_output(directory: Path) -> dict[str, dict[str, bytes]]:
-    samples: dict[str, dict[str, bytes]] = {}
-    for tar in sorted(directory.glob("*.tar")):
-        with open(tar, "rb") as stream:
-            for sample in iter_samples(iter_members(stream, str(tar)), str(tar)):
-                assert sample.key not in samples, f"{sample.key} written twice"
-                samples[sample.key] = sample.members
-    return samples
 
 
 @pytest.fixture

@@ -31,6 +31,7 @@ from seedance_tasks.shards.settings import ShardSettings
 from seedance_tasks.shards.tario import END_OF_ARCHIVE, iter_members, iter_samples
 from tests.chaos.harness import points_hit, run_task
 from tests.conftest import xcom_value
+from tests.preprocess.conftest import read_output
 
 SIZE = 16
 SETTINGS = PreprocessSettings(size=SIZE, io_workers=2, cpu_workers=2, batch_size=4)
@@ -78,16 +79,6 @@ DAMAGE = {  # kind of damage -> (damaged bytes, the member the error names, the 
     # headers all fine (no pre-run check finds it); its samples before it are written, then set aside
     "no-key": (lambda data: _with_member(data, _sized("zz", 1), b"x"), "zz", "unreadable"),
 }
-
-
-def read_output(directory: Path) -> dict[str, dict[str, bytes]]:
-    samples: dict[str, dict[str, bytes]] = {}
-    for tar in sorted(directory.glob("*.tar")):
-        with open(tar, "rb") as stream:
-            for sample in iter_samples(iter_members(stream, str(tar)), str(tar)):
-                assert sample.key not in samples, f"{sample.key} written twice"
-                samples[sample.key] = sample.members
-    return samples
 
 
 def visible(out: Path) -> dict[str, str]:
