@@ -125,6 +125,7 @@ class Journal:
         Raises IntegrityError if a journal of that id exists already, pending or done: an
         attempt never overwrites the journal of another.
         """
+        storage.refuse_linked_state(root, JOURNAL_DIR)
         journal = cls(root, _check_id(run_id, "journal id"), kind, [], [], WRITING, dict(meta or {}),
                       trash_id, [], prune_empty_dirs)
         journal.publishes = [_publish_entry(item, f"journal {run_id}", root) for item in publishes]

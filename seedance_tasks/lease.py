@@ -315,7 +315,9 @@ class _S3Backend:
 
 
 def _backend(root: Location, name: str):
-    path = root.join(storage.LEASE_DIR, f"{storage.confine(name, what='lease name')}.json")
+    rel = f"{storage.LEASE_DIR}/{storage.confine(name, what='lease name')}.json"
+    storage.refuse_linked_state(root, rel)
+    path = root.join(rel)
     return _S3Backend(path) if root.is_s3 else _LocalBackend(path)
 
 

@@ -15,7 +15,7 @@ import posixpath
 import secrets
 import stat
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import unquote, urlparse
@@ -204,6 +204,8 @@ class Listing:
 
     files: list[pafs.FileInfo]
     symlinks: list[str]  # relative to the listed location, directories and files alike
+    # local names that are not UTF-8 (pyarrow cannot open them), relative, undecodable bytes as \xNN
+    undecodable: list[str] = field(default_factory=list)
 
 
 def list_tree(location: Location, *, include_hidden: bool = False) -> Listing:
@@ -233,6 +235,7 @@ def list_tree(location: Location, *, include_hidden: bool = False) -> Listing:
 def _walk_local(location: Location, include_hidden: bool) -> Listing:
     paths: list[str] = []
     symlinks: list[str] = []
+    undecodable: list[str] = []
     pending = [location.path]
     while pending:
         directory = pending.pop()
@@ -244,14 +247,26 @@ def _walk_local(location: Location, include_hidden: bool) -> Listing:
             relative = location.relative(entry.path)
             if not include_hidden and entry.name.startswith(("_", ".")):
                 continue
-            if entry.is_symlink():
+            if not is_utf8(entry.name):
+                undecodable.append(os.fsencode(relative).decode("utf-8", "backslashreplace"))
+            elif entry.is_symlink():
                 symlinks.append(relative)
             elif entry.is_dir(follow_symlinks=False):
                 pending.append(entry.path)
             elif entry.is_file(follow_symlinks=False):
                 paths.append(entry.path)
     files = location.fs.get_file_info(sorted(paths)) if paths else []
-    return Listing([item for item in files if item.type == pafs.FileType.File], sorted(symlinks))
+    return Listing([item for item in files if item.type == pafs.FileType.File], sorted(symlinks), sorted(undecodable))
+
+
+def is_utf8(name: str) -> bool:
+    """False for a name holding lone surrogates (undecodable bytes from os.scandir, a JSON
+    `\\udce9`...): no path pyarrow opens can carry it."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def list_files(location: Location, *, include_hidden: bool = False) -> list[pafs.FileInfo]:
@@ -324,6 +339,13 @@ def through_link(root: Location, rel: str) -> str | None:
         if stat.S_ISLNK(mode):
             return partial
     return None
+
+
+def refuse_linked_state(root: Location, sub: str = SEEDANCE_DIR) -> None:
+    """IntegrityError if Seedance's own folder `root/sub` (default `_seedance`) or a folder above
+    it below `root` is a symlink: trash, quarantine, journals and leases then stay inside `root`
+    whoever can write the lake. Local disk only; a folder not there yet is fine."""
+    refuse_symlinks(root, sub, what="Seedance's state folder")
 
 
 def read_bytes(fs: pafs.FileSystem, path: str) -> bytes:
@@ -511,6 +533,7 @@ def move_to_trash(root: Location, relative_path: str, run_id: str) -> str:
     """
     source = root.join(relative_path)
     target = root.join(TRASH_DIR, run_id, relative_path)
+    refuse_linked_state(root, f"{TRASH_DIR}/{run_id}/{relative_path}")
     faults.point("storage.retire.before")
     if is_file(root.fs, source):
         move(root.fs, source, target)
@@ -527,6 +550,7 @@ def quarantine(root: Location, relative_path: str, run_id: str, reason: str) -> 
     """
     source = root.join(relative_path)
     target = root.join(QUARANTINE_DIR, run_id, relative_path)
+    refuse_linked_state(root, f"{QUARANTINE_DIR}/{run_id}/{relative_path}")
     if is_file(root.fs, source):
         move(root.fs, source, target)
     write_json_atomic(
@@ -549,17 +573,20 @@ def purge_trash(root: Location, older_than_s: float, *, now: datetime | None = N
     """Delete trash runs of `root` older than `older_than_s` seconds (by the run id's time).
 
     Trash runs named in `keep` (those of unfinished journals: `journal.purge_trash` passes them)
-    are never purged, nor is a folder whose name is not a run id (not Seedance's: its age is unknown).
+    are never purged, nor is a folder whose name is not a run id or that is a symlink (not
+    Seedance's: its age or its target is unknown). A trash folder that is itself reached through a
+    symlink below `root` is refused (IntegrityError): nothing outside `root` is deleted.
     Returns {"purged": [run ids], "kept": [newer run ids], "in_use": [run ids in `keep`],
     "undated": [other folder names], "files": n, "bytes": n}. With apply=False, reports what it
     would purge and deletes nothing.
     """
     now = now or datetime.now(UTC)
     trash = root.child(TRASH_DIR)
+    refuse_linked_state(root, TRASH_DIR)
     purged, kept, in_use, undated, files, total = [], [], [], [], 0, 0
     for run_id in sorted(_directories(trash)):
         started = run_id_time(run_id)
-        if started is None:
+        if started is None or through_link(root, f"{TRASH_DIR}/{run_id}"):
             undated.append(run_id)
             continue
         if run_id in keep:

@@ -20,6 +20,7 @@ from seedance_tasks.storage import Location
 
 PARQUET_SUFFIXES = (".parquet", ".parq", ".pq")
 SYMLINK_REASON = "symlink: not followed"
+UNDECODABLE_REASON = "file name is not UTF-8 (shown with \\xNN escapes): not read, left as it is; rename it to compact it"
 
 TABLE_FORMATS = {
     "_delta_log": ("Delta Lake", "run Delta's own OPTIMIZE (and VACUUM) on this table"),
@@ -208,6 +209,9 @@ def plan_compaction(
     for link in tree.symlinks:  # never followed: it may lead out of the lake, or to a partition twice
         if not storage.is_hidden(link):
             plan.skipped.append({"partition": link, "reason": SYMLINK_REASON})
+    for name in tree.undecodable:  # pyarrow cannot open a path that is not text
+        if not storage.is_hidden(name):
+            plan.skipped.append({"partition": name, "reason": UNDECODABLE_REASON})
     for partition in sorted(set(by_partition) | set(too_young)):
         files = by_partition.get(partition, [])
         if len(files) >= 2 and target_file_size and -(-sum(f.size for f in files) // target_file_size) >= len(files):

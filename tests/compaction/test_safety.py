@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from seedance_tasks import journal, lease, storage
 from seedance_tasks.cli import app
-from seedance_tasks.compaction.plan import SYMLINK_REASON
+from seedance_tasks.compaction.plan import SYMLINK_REASON, UNDECODABLE_REASON
 from seedance_tasks.compaction.run import LEASE_NAME, compact_dataset
 from seedance_tasks.compaction.sample import make_sample_lake
 from seedance_tasks.lease import LeaseHeldError
@@ -127,6 +127,18 @@ def test_symlinks_are_never_followed_and_reported_once(lake, small_settings, tmp
     os.unlink(lake / "elsewhere")
     os.unlink(lake / "date=2026-11-01" / "linked.parquet")
     assert lake_digest(lake) == digest
+
+
+def test_a_file_name_that_is_not_utf8_is_reported_and_left_and_the_rest_is_compacted(lake, small_settings):
+    odd = os.path.join(os.fsencode(lake / "date=2026-11-01"), b"caf\xe9.parquet")
+    with open(odd, "wb") as handle:
+        handle.write(b"not looked at")
+    report = compact_dataset(str(lake), small_settings)
+    assert [item for item in report["skipped"] if item["reason"] == UNDECODABLE_REASON] == [
+        {"partition": "date=2026-11-01/caf\\xe9.parquet", "reason": UNDECODABLE_REASON}]
+    assert report["partitions_compacted"] == 3 and report["rows"] == 18 * 1_500 and not report["quarantined"]
+    with open(odd, "rb") as handle:
+        assert handle.read() == b"not looked at"
 
 
 def test_leases_on_s3_refuse_a_second_writer(s3_bucket, small_settings):

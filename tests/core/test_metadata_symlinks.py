@@ -98,3 +98,67 @@ def test_through_link_names_the_first_link_below_the_root(lake):
     assert storage.through_link(root, "data/loop/a.txt") == "data/loop"
     for path in ("data/a.txt", "data/not-yet/b.txt", "data/a.txt/below"):
         assert storage.through_link(root, path) is None
+
+
+# --------------------------------------------------------------------------- Seedance's own folder
+
+
+@pytest.fixture
+def linked_state(tmp_path):
+    """(root, outside): a root with data/a.txt whose `_seedance/<sub>` is a symlink to `outside`."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (tmp_path / "root" / "data").mkdir(parents=True)
+    (tmp_path / "root" / "data" / "a.txt").write_text("a")
+    return tmp_path / "root", outside
+
+
+@pytest.mark.parametrize("linked", ["_seedance", "_seedance/trash", "_seedance/quarantine", "_seedance/journal",
+                                    "_seedance/leases"])
+@pytest.mark.parametrize("action", ["trash", "quarantine", "journal", "lease"])
+def test_a_symlinked_state_folder_is_refused_before_anything_moves(linked_state, linked, action):
+    from seedance_tasks import lease
+
+    root_dir, outside = linked_state
+    (root_dir / linked).parent.mkdir(parents=True, exist_ok=True)
+    (root_dir / linked).symlink_to(outside)
+    root = storage.resolve(root_dir)
+    run = storage.new_run_id()
+    steps = {
+        "trash": lambda: storage.move_to_trash(root, "data/a.txt", run),
+        "quarantine": lambda: storage.quarantine(root, "data/a.txt", run, "bad"),
+        "journal": lambda: journal.Journal.begin(root, run, "test", [], []),
+        "lease": lambda: lease.acquire(root, "dataset", holder="test", purpose="test", ttl_s=60),
+    }
+    affected = {"trash": "_seedance/trash", "quarantine": "_seedance/quarantine", "journal": "_seedance/journal",
+                "lease": "_seedance/leases"}[action]
+    if linked not in ("_seedance", affected):
+        steps[action]()  # another folder's link does not concern this action
+        return
+    with pytest.raises(IntegrityError, match="state folder.*symlink"):
+        steps[action]()
+    assert list(outside.iterdir()) == []
+    assert (root_dir / "data" / "a.txt").read_text() == "a"
+
+
+def test_purge_never_deletes_through_a_symlink(tmp_path):
+    outside = tmp_path / "outside"
+    (outside / "keep").mkdir(parents=True)
+    (outside / "keep" / "precious.txt").write_text("keep me")
+    root_dir = tmp_path / "root"
+    (root_dir / "_seedance" / "trash").mkdir(parents=True)
+    old_run = storage.new_run_id(storage.run_id_time("20200101T000000Z-aaaaaa"))
+    (root_dir / "_seedance" / "trash" / old_run).symlink_to(outside / "keep")
+    root = storage.resolve(root_dir)
+
+    report = storage.purge_trash(root, 0)
+    assert report["purged"] == [] and report["undated"] == [old_run]
+    assert (outside / "keep" / "precious.txt").read_text() == "keep me"
+
+    (root_dir / "_seedance" / "trash" / old_run).unlink()
+    (root_dir / "_seedance" / "trash").rmdir()
+    (outside / old_run).mkdir()
+    (root_dir / "_seedance" / "trash").symlink_to(outside)  # the whole trash elsewhere
+    with pytest.raises(IntegrityError, match="state folder"):
+        storage.purge_trash(root, 0)
+    assert (outside / old_run).is_dir() and (outside / "keep" / "precious.txt").exists()
