@@ -112,7 +112,8 @@ def build(
     started = time.perf_counter()
     out_loc = storage.resolve(out)
     _refuse_out_in_source(src, out, storage.resolve(src), out_loc)
-    source = open_source(src, required=settings.required_members, key_column=settings.key_column)
+    source = open_source(src, required=settings.required_members, key_column=settings.key_column,
+                         max_member_size=int(settings.max_member_size))
     if read_workers is None:  # local reads are memory copies: 2 threads; S3 GETs wait on the network: 8
         read_workers = 8 if source.location.is_s3 else 2
     fingerprint = _fingerprint(source, settings, shuffle, seed)
@@ -178,7 +179,7 @@ def _write(source, out_loc, settings: ShardSettings, run_id: str, fingerprint: s
     try:
         for key, members in iter_source_samples(source, shuffle=shuffle, seed=seed, read_workers=read_workers,
                                                 check=check):
-            needed = sample_bytes(key, members)
+            needed = sample_bytes(key, members, settings.mtime)
             writer = state["writer"]
             if writer is not None and writer.samples and (
                 writer.size + needed + len(END_OF_ARCHIVE) > settings.shard_size

@@ -39,6 +39,13 @@ def image_problem(data: bytes) -> str | None:
     return None
 
 
+def size_problem(name: str, size: int, max_member_size: int | None) -> str | None:
+    """`NAME: why` if a member of `size` bytes is above `max_member_size` (None: no limit), else None."""
+    if max_member_size is not None and size > max_member_size:
+        return f"{name}: {size:,} bytes, above shards.max_member_size ({max_member_size:,})"
+    return None
+
+
 def member_problems(key: str, members: dict[str, bytes], *, check_decode: bool,
                     max_member_size: int | None) -> list[str]:
     """One message per bad member of a sample (`KEY.ext: why`): too large, or an image that does not decode."""
@@ -46,8 +53,8 @@ def member_problems(key: str, members: dict[str, bytes], *, check_decode: bool,
     for ext in sorted(members):
         data = members[ext]
         size = sum(len(piece) for piece in data) if isinstance(data, tuple) else len(data)
-        if max_member_size is not None and size > max_member_size:
-            problems.append(f"{key}.{ext}: {size:,} bytes, above shards.max_member_size ({max_member_size:,})")
+        if (too_large := size_problem(f"{key}.{ext}", size, max_member_size)) is not None:
+            problems.append(too_large)
         elif check_decode and is_image(ext):
             problem = image_problem(data if isinstance(data, bytes) else b"".join(data))
             if problem:

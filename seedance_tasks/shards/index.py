@@ -171,12 +171,20 @@ def _url_problem(index: Location, entry) -> ListingProblem | None:
     url = entry.get("url") if isinstance(entry, dict) else None
     if not isinstance(url, str) or not url:
         return ListingProblem(index.uri, "index", f"bad shardlist entry {entry!r}", ENTRY_HINT)
+    if "\0" in url or not storage.is_utf8(url):
+        return ListingProblem(index.uri, "index", f"shard URL {url!r} holds a NUL or a character that is not text",
+                              "URLs must be relative paths of published shards; rebuild the index")
     if url.startswith("/") or ".." in url.split("/"):
         return ListingProblem(index.uri, "refused", f"shard URL {url!r} leaves the index's directory",
                               "an index lists only shards in its own directory or below; rebuild it")
     if "://" in url or storage.is_hidden(posixpath.normpath(url)):
         return ListingProblem(index.uri, "index", f"shard URL {url!r} is not a visible relative path",
                               "URLs must be relative to the index and name published (not hidden) shards")
+    base = Location(index.fs, posixpath.dirname(index.path), index.scheme)
+    if (link := storage.through_link(base, posixpath.normpath(url))) is not None:
+        return ListingProblem(index.uri, "refused", f"shard URL {url!r} passes through the symlink {link!r}, "
+                              "which may lead out of the index's directory; not followed",
+                              "list only the shards themselves, not links to them; rebuild the index")
     return None
 
 
@@ -247,6 +255,9 @@ def _listed_shards(uri: str, use_index: bool) -> ShardSet:
             raise UsageError(f"{uri} is neither a .tar shard nor a shard index",
                              hint="point at a .tar, a shardindex.json, a directory of shards or a brace pattern")
         return ShardSet(uri, [_ref(location, info.size)])
+    if info.type != pafs.FileType.Directory:  # a FIFO, a device, a socket: never opened
+        raise UsageError(f"{uri} is not a regular file or a directory",
+                         hint="point at a .tar, a shardindex.json, a directory of shards or a brace pattern")
     index = location.child(INDEX_NAME)
     if use_index and storage.is_file(location.fs, index.path):
         return read_index(index)

@@ -21,17 +21,20 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.fs as pafs
 
 from seedance_tasks import storage
 from seedance_tasks.errors import InputError, UsageError
 from seedance_tasks.parallel import ordered_map
 from seedance_tasks.shards.cells import CellError, cell_bytes, column_values
-from seedance_tasks.shards.tario import split_key
+from seedance_tasks.shards.checks import size_problem
+from seedance_tasks.shards.tario import check_member_name, extension_problem, sample_name_problem, split_key
 from seedance_tasks.storage import Location
 
 READ_CHUNK = 16  # samples per read task: amortises the thread pool's per-task cost on small files
 SYMLINK_REASON = "symbolic link: not followed (a source is never read outside its root)"
+UNDECODABLE_REASON = "file name is not UTF-8 (shown with \\xNN escapes): not read; rename it to pack it"
 
 Check = Callable[[str, dict], "str | None"]  # (key, members) -> why the sample is refused, or None
 
@@ -65,8 +68,12 @@ class Source:
         return [[self.location.relative(item.path), item.size, item.mtime_ns] for item in self.files]
 
 
-def open_source(uri: str, *, required: list[str] | None = None, key_column: str = "__key__") -> Source:
+def open_source(uri: str, *, required: list[str] | None = None, key_column: str = "__key__",
+                max_member_size: int | None = None) -> Source:
     """List `uri` once and decide its kind: Parquet if it holds `.parquet` files, else sample files.
+
+    A sample file above `max_member_size` bytes (by its listed size) rejects its sample before
+    any of it is read, so one huge stray file never fills memory.
 
     Raises InputError if it holds nothing, UsageError if it mixes Parquet with other files or is
     one file that is not Parquet.
@@ -77,10 +84,14 @@ def open_source(uri: str, *, required: list[str] | None = None, key_column: str 
                          hint="point SRC at the directory of sample files (or at a Parquet file or dataset)")
     listing = storage.list_tree(location)
     files = listing.files
-    linked = [Rejected(None, relative, SYMLINK_REASON) for relative in listing.symlinks]
+    unread = [Rejected(None, relative, SYMLINK_REASON) for relative in listing.symlinks]
+    unread += [Rejected(None, relative, UNDECODABLE_REASON) for relative in listing.undecodable]
+    skipped = [f"{len(listing.symlinks)} symbolic link(s), not followed"] if listing.symlinks else []
+    if listing.undecodable:
+        skipped.append(f"{len(listing.undecodable)} name(s) that are not UTF-8, not read")
     if not files:
         raise InputError(
-            f"no sample files under {uri}" + (f" ({len(linked)} symbolic link(s), not followed)" if linked else ""),
+            f"no sample files under {uri}" + (f" ({'; '.join(skipped)})" if skipped else ""),
             hint="point SRC at a directory of samples or Parquet files",
         )
     parquet = [item for item in files if item.path.endswith(".parquet")]
@@ -91,14 +102,15 @@ def open_source(uri: str, *, required: list[str] | None = None, key_column: str 
                 f"{uri} mixes Parquet files with other files (e.g. {location.relative(others[0])})",
                 hint="a source is either Parquet (one row per sample) or sample files, not both",
             )
-        return Source(uri, "parquet", location, parquet, list(required or []), key_column, rejected=linked)
-    return _files_source(uri, location, files, required, linked)
+        return Source(uri, "parquet", location, parquet, list(required or []), key_column, rejected=unread)
+    return _files_source(uri, location, files, required, unread, max_member_size)
 
 
 def _files_source(uri: str, location: Location, files: list, required: list[str] | None,
-                  rejected: list[Rejected]) -> Source:
+                  rejected: list[Rejected], max_member_size: int | None) -> Source:
     source = Source(uri, "files", location, files, [], rejected=rejected)
     groups: dict[str, dict[str, str]] = {}
+    too_large: dict[str, str] = {}  # key -> why, from the listed sizes
     for item in files:
         relative = location.relative(item.path)
         key, ext = split_key(relative)
@@ -106,22 +118,32 @@ def _files_source(uri: str, location: Location, files: list, required: list[str]
             source.rejected.append(Rejected(None, relative, "file name has no extension, so no sample key"))
             continue
         groups.setdefault(key, {})[ext] = item.path
-    if required is None:  # the extensions at least half of the samples have
+        if (problem := size_problem(f"{key}.{ext}", item.size or 0, max_member_size)) is not None:
+            too_large.setdefault(key, problem)
+    if required is None:  # the extensions at least half of the samples have (`JPG` counts as `jpg`, as readers see it)
         counts: dict[str, int] = {}
         for members in groups.values():
-            for ext in members:
+            for ext in {ext.lower() for ext in members}:
                 counts[ext] = counts.get(ext, 0) + 1
         required = sorted(ext for ext, count in counts.items() if 2 * count >= len(groups))
     source.required = list(required)
     units = []
     for key in sorted(groups):
-        missing = [ext for ext in source.required if ext not in groups[key]]
-        if missing:
+        missing = _missing(source.required, groups[key])
+        if (problem := too_large.get(key) or sample_name_problem(key, groups[key])) is not None:
+            source.rejected.append(Rejected(key, uri, problem))
+        elif missing:
             source.rejected.append(Rejected(key, uri, f"incomplete: no {', '.join(missing)} member"))
         else:
             units.append((key, groups[key]))
     source.units = units
     return source
+
+
+def _missing(required: list[str], exts) -> list[str]:
+    """The required extensions a sample with members `exts` lacks, ignoring case as readers do."""
+    have = {ext.lower() for ext in exts}
+    return [ext for ext in required if ext.lower() not in have]
 
 
 def _read(fs, path: str) -> bytes:
@@ -138,7 +160,7 @@ def _read_file_sample(fs, unit: tuple[str, dict[str, str]],
     for ext, path in paths.items():
         try:
             members[ext] = _read(fs, path)
-        except OSError as exc:
+        except (OSError, pa.ArrowException) as exc:  # pyarrow refuses some S3 keys (`a//b.jpg`) as invalid paths
             return key, None, f"unreadable member {posixpath.basename(path)}: {exc}"
     problem = check(key, members) if check else None  # on the reading thread: PIL releases the GIL
     return (key, None, problem) if problem else (key, members, None)
@@ -151,7 +173,8 @@ def _parquet_units(source: Source) -> list[tuple]:
 
     units = []
     for item in source.files:
-        relative = source.location.relative(item.path)
+        relative = (posixpath.basename(item.path) if item.path == source.location.path  # SRC is this one file
+                    else source.location.relative(item.path))
         try:
             metadata = pq.ParquetFile(source.location.fs.open_input_file(item.path)).metadata
         except (OSError, pa.ArrowException) as exc:
@@ -170,21 +193,45 @@ def key_problem(key: str) -> str | None:
         return "empty key"
     if "/" in key or "." in key or key.startswith("_"):
         return "key contains '/', '.' or a hidden prefix"
-    return None
+    problem = check_member_name(key)
+    return f"key cannot name tar members ({problem})" if problem else None
+
+
+def _place_key(relative: str, group: int, row: int) -> str:
+    """The key of a row of a file without a key column, from its place: the file's path without
+    `.parquet` (with `%`, `/`, `.` and `\\` escaped as %XX, so no two files give one key), the
+    row group and the row."""
+    stem = relative[: -len(".parquet")] if relative.endswith(".parquet") else relative
+    escaped = "".join(f"%{ord(char):02X}" if char in "%/.\\" else char for char in stem)
+    return f"{escaped}-{group:04d}-{row:08d}"
 
 
 def _row_key(columns: dict[str, list], key_column: str, relative: str, group: int, row: int) -> tuple[str | None, str | None]:
     """A row's key and why it is bad (or None); without a key column, the key is made from the row's place."""
     if key_column not in columns:
-        key = f"{posixpath.splitext(relative)[0]}-{group:04d}-{row:08d}".replace("/", "_")
+        key = _place_key(relative, group, row)
         return key, key_problem(key)
     value = columns[key_column][row]
     if value is None:
         return None, f"null key (column {key_column!r})"
     if isinstance(value, CellError):
         return None, f"column {key_column!r}: cannot read the key ({value.reason})"
+    if isinstance(value, bytes):  # a string column written without its UTF-8 annotation
+        try:
+            value = value.decode("utf-8")
+        except UnicodeDecodeError:
+            return None, f"column {key_column!r}: the key {value!r} is not UTF-8 text"
     key = str(value)
     return key, key_problem(key)
+
+
+def _columns_problem(names: list[str], key_column: str) -> str | None:
+    """Why the columns `names` cannot be a row's key and members (a name twice, or one no member
+    name can carry), or None."""
+    if names.count(key_column) > 1:
+        return f"the key column {key_column!r} appears {names.count(key_column)} times"
+    problem = extension_problem(name for name in names if name != key_column)
+    return f"column names cannot name members: {problem}" if problem else None
 
 
 def _row_members(columns: dict[str, list], key_column: str, row: int) -> tuple[dict[str, bytes], str | None]:
@@ -217,6 +264,9 @@ def _parquet_samples(source: Source, shuffle: bool, seed: int,
         except (OSError, pa.ArrowException) as exc:
             source.rejected.append(Rejected(None, f"{relative}#rowgroup{group}", f"unreadable row group: {exc}"))
             continue
+        if (problem := _columns_problem(table.column_names, key_column)) is not None:
+            source.rejected.append(Rejected(None, f"{relative}#rowgroup{group}", problem))
+            continue
         payload = [
             field.name for field in table.schema
             if field.name != key_column and (pa.types.is_binary(field.type) or pa.types.is_large_binary(field.type))
@@ -230,11 +280,13 @@ def _parquet_samples(source: Source, shuffle: bool, seed: int,
             where = f"{relative}#row{first + row}"
             key, problem = _row_key(columns, key_column, relative, group, row)
             members, bad_cell = ({}, None) if problem else _row_members(columns, key_column, row)
-            missing = [name for name in required if name not in members]
+            missing = _missing(required, members)
             if problem or bad_cell:
                 source.rejected.append(Rejected(key, where, problem or bad_cell))
             elif missing:
                 source.rejected.append(Rejected(key, where, f"incomplete: no {', '.join(missing)}"))
+            elif not members:  # it would be counted as a sample and write nothing
+                source.rejected.append(Rejected(key, where, "empty: no column other than the key has a value"))
             elif (digest := _key_digest(key)) in seen:
                 source.rejected.append(Rejected(key, where, "duplicate key: an earlier row has it "
                                                 "(a reader would merge the two samples)"))

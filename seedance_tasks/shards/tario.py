@@ -31,6 +31,8 @@ BLOCK = tarfile.BLOCKSIZE  # 512
 END_OF_ARCHIVE = b"\0" * (2 * BLOCK)
 _ZEROS = b"\0" * BLOCK
 DEFAULT_MAX_MEMBER_SIZE = 1024**3  # `shards.max_member_size`: no member of a shard is read beyond it
+_USTAR_NAME = 100  # bytes of a ustar name field (longer names go to its prefix field or a PAX header)
+_USTAR_NUMBER = 8**11  # a ustar size or mtime field holds 11 octal digits
 _TAIL_WINDOW = 64 * 1024  # > tarfile's read-ahead (one 10 KiB record) + the 1 KiB end marker
 
 
@@ -41,6 +43,7 @@ class TarProblem(InputError):
         super().__init__(message, hint=hint or "rebuild or re-fetch this shard")
         self.kind = kind
 _KEY_EXT = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")  # as webdataset.tariterators.base_plus_ext
+_RESERVED_EXT = re.compile(r"^__.*__$")  # webdataset's and wids' own sample fields: __key__, __url__...
 
 
 def split_key(name: str) -> tuple[str, str] | tuple[None, None]:
@@ -74,6 +77,43 @@ def check_member_name(name: str) -> str | None:
         return "'..' in path"
     if "\0" in name:
         return "NUL in name"
+    return None
+
+
+def extension_problem(exts: Iterable[str]) -> str | None:
+    """Why members with these extensions cannot make one sample that readers read back, or None.
+
+    WebDataset's reader lowercases extensions and names its own fields `__key__`, `__url__`...:
+    two extensions that differ only in case (`jpg`, `JPG`), or one spelled `__NAME__`, make it
+    raise mid-epoch; one that is empty or holds `/` has no key in the member name at all.
+    """
+    seen: dict[str, str] = {}
+    for ext in sorted(exts):
+        if not ext or "/" in ext or "\\" in ext or "\0" in ext:
+            return f"extension {ext!r} cannot be part of a member name (empty, or holding '/', '\\' or NUL)"
+        if _RESERVED_EXT.match(ext):
+            return f"extension {ext!r} is spelled like a reader's own field (__key__, __url__...)"
+        if (other := seen.get(ext.lower())) is not None:
+            if other == ext:
+                return f"extension {ext!r} appears twice"
+            return (f"extensions {other!r} and {ext!r} differ only in case, and readers lowercase them, so "
+                    "they would collide")
+        seen[ext.lower()] = ext
+    return None
+
+
+def sample_name_problem(key: str, exts: Iterable[str]) -> str | None:
+    """Why a sample `key` with members `exts` cannot be written as `key.ext` members that a
+    reader splits back into this key and these extensions (and that are safe names), or None."""
+    exts = list(exts)
+    if (problem := extension_problem(exts)) is not None:
+        return problem
+    for ext in exts:
+        name = f"{key}.{ext}"
+        if (problem := check_member_name(name)) is not None:
+            return f"member {name!r}: {problem}"
+        if split_key(name) != (key, ext):
+            return f"member {name!r} would be read back as another key (a key's file name holds no '.')"
     return None
 
 
@@ -259,15 +299,37 @@ def iter_samples(members: Iterable[tuple[str, bytes]], shard: str) -> Iterator[T
         yield current
 
 
-def member_bytes(name: str, size: int) -> int:
-    """Bytes a member takes in a ustar archive: a 512-byte header plus data padded to 512."""
-    extra = 0 if len(name.encode()) <= 100 else 3 * BLOCK  # PAX header for long names
-    return BLOCK + extra + -(-size // BLOCK) * BLOCK
+def _template(mtime: int) -> tarfile.TarInfo:
+    """The header every member of a shard starts from: a regular file, mode 0644, owner 0:0."""
+    info = tarfile.TarInfo()
+    info.mode = 0o644
+    info.mtime = int(mtime)
+    info.uname = info.gname = ""
+    return info
 
 
-def sample_bytes(key: str, members: dict[str, bytes]) -> int:
-    """Bytes a sample takes in a shard (headers and padding included)."""
-    return sum(member_bytes(f"{key}.{ext}", len(data)) for ext, data in members.items())
+def _header(template: tarfile.TarInfo, name: str, size: int) -> bytes:
+    """The header blocks of one member: ustar, or PAX where ustar cannot hold the name (or size)."""
+    info = template.replace(name=name, deep=False)
+    info.size = size
+    try:
+        return info.tobuf(tarfile.USTAR_FORMAT, "utf-8", "strict")
+    except ValueError:  # name too long or not ASCII for ustar: a PAX header carries it
+        return info.tobuf(tarfile.PAX_FORMAT, "utf-8", "strict")
+
+
+def member_bytes(name: str, size: int, mtime: int = 0) -> int:
+    """Exactly the bytes `TarShardWriter` writes for this member: its header blocks (a PAX header
+    too where ustar cannot hold the name) plus its data padded to 512."""
+    data = -(-size // BLOCK) * BLOCK
+    if len(name) <= _USTAR_NAME and name.isascii() and size < _USTAR_NUMBER and 0 <= mtime < _USTAR_NUMBER:
+        return BLOCK + data  # the common case, without building the header: one ustar block
+    return len(_header(_template(mtime), name, size)) + data
+
+
+def sample_bytes(key: str, members: dict[str, bytes], mtime: int = 0) -> int:
+    """Exactly the bytes a sample takes in a shard written with this `mtime` (headers and padding included)."""
+    return sum(member_bytes(f"{key}.{ext}", len(data), mtime) for ext, data in members.items())
 
 
 class _BackgroundHash:
@@ -381,10 +443,7 @@ class TarShardWriter:
         self._hasher = _BackgroundHash()
         self.size = 0
         self.samples = 0
-        self._template = tarfile.TarInfo()
-        self._template.mode = 0o644
-        self._template.mtime = self.mtime
-        self._template.uname = self._template.gname = ""
+        self._template = _template(self.mtime)
         self._writev = getattr(stream, "writev", None)
 
     @property
@@ -412,12 +471,7 @@ class TarShardWriter:
             raise RefusedError(f"refusing to write member {name!r}: {problem}")
         pieces = list(data) if isinstance(data, tuple) else [data]
         size = sum(len(piece) for piece in pieces)
-        info = self._template.replace(name=name, deep=False)
-        info.size = size
-        try:
-            header = info.tobuf(tarfile.USTAR_FORMAT, "utf-8", "strict")
-        except ValueError:  # name too long or not ASCII for ustar: a PAX header carries it
-            header = info.tobuf(tarfile.PAX_FORMAT, "utf-8", "strict")
+        header = _header(self._template, name, size)
         remainder = size % BLOCK
         self._write_parts([header, *pieces, _ZEROS[: BLOCK - remainder]] if remainder else [header, *pieces])
 

@@ -5,9 +5,10 @@ and ending with its end-of-archive marker (a tar cut exactly at a member boundar
 no member with an absolute name, `..`, a link, a device node or a FIFO, no member declaring more
 bytes than `shards.max_member_size` or than the whole tar (refused before it is read, so a
 sparse tar declaring a terabyte costs nothing), no key seen twice (in the same shard or across
-shards), with `check_decode` every image member decodes (as webdataset's `decode("pil")` and
-wids will), and, where an index lists the shard, sample count, size and sha256 equal to the
-index's. A bad shard is reported and the check goes on with the next one.
+shards; extensions compared ignoring case, as readers lowercase them), no extension a reader
+takes for its own field (`__key__`...), with `check_decode` every image member decodes (as
+webdataset's `decode("pil")` and wids will), and, where an index lists the shard, sample count,
+size and sha256 equal to the index's. A bad shard is reported and the check goes on with the next one.
 """
 
 from __future__ import annotations
@@ -21,7 +22,13 @@ import pyarrow.fs as pafs
 from seedance_tasks.errors import InputError, IntegrityError, RefusedError
 from seedance_tasks.shards.checks import image_problem, is_image
 from seedance_tasks.shards.index import ShardRef, resolve_shards
-from seedance_tasks.shards.tario import canonical_key, iter_members, no_key_reason, split_key
+from seedance_tasks.shards.tario import (
+    canonical_key,
+    extension_problem,
+    iter_members,
+    no_key_reason,
+    split_key,
+)
 
 READ_CHUNK = 4 * 1024 * 1024
 
@@ -60,6 +67,12 @@ def _verify_shard(shard: ShardRef, seen: dict[str, tuple[str, str]], problems: l
             problem("missing", "not found")
             result["ok"] = False
             return result
+        if info.type != pafs.FileType.File:  # a FIFO would block the read forever, a device never end
+            directory = info.type == pafs.FileType.Directory
+            problem("unreadable" if directory else "refused",
+                    f"not a regular file ({'a directory' if directory else 'a FIFO, device or socket'}); not read")
+            result["ok"] = False
+            return result
         file_size = info.size  # the tar's own, not the index's
         with shard.location.fs.open_input_stream(shard.location.path) as raw:
             reader = HashingReader(raw)
@@ -74,12 +87,15 @@ def _verify_shard(shard: ShardRef, seen: dict[str, tuple[str, str]], problems: l
                     bad = image_problem(data)
                     if bad:
                         problem("undecodable", f"member {name!r} {bad}", key)
+                if (bad_ext := extension_problem([ext])) is not None:
+                    problem("bad-name", f"member {name!r}: {bad_ext}", key)
                 if key == current_key:
-                    if ext in current_exts:
-                        problem("duplicate", f"member {name!r} appears twice", key)
-                    current_exts.add(ext)
+                    if ext.lower() in current_exts:  # readers lowercase extensions: JPG is jpg again
+                        problem("duplicate", f"member {name!r} appears twice (extensions compared as readers "
+                                "do, ignoring case)", key)
+                    current_exts.add(ext.lower())
                     continue
-                current_key, current_exts = key, {ext}
+                current_key, current_exts = key, {ext.lower()}
                 if (first := seen.get(canonical_key(key))) is not None:
                     where = "earlier in this shard" if first[0] == shard.uri else f"in {first[0]}"
                     spelled = f" (as {first[1]!r})" if first[1] != key else ""
@@ -114,7 +130,7 @@ def verify(uri: str, *, use_index: bool = True, check_decode: bool | None = None
 
     The report's `ok` is True only if no shard has a problem; `problems` lists each one with the
     shard, the key where there is one, a kind (refused, unreadable, truncated, too-large,
-    undecodable, no-key, duplicate, count, size, checksum, missing, index) and a message naming
+    undecodable, no-key, bad-name, duplicate, count, size, checksum, missing, index) and a message naming
     the member where there is one. A bad index entry, an entry leaving the index's directory
     (refused) and a shard of a brace pattern that is not there are problems too, and the other
     shards are still checked. `check_decode` and `max_member_size` default to `shards.*` of the

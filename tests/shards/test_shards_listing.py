@@ -6,6 +6,7 @@ a hint) and the other shards are still checked."""
 from __future__ import annotations
 
 import json
+import os
 import random
 import resource
 from pathlib import Path
@@ -158,3 +159,26 @@ def test_a_shard_the_index_lists_but_that_is_not_there_is_missing(tmp_path):
     (tmp_path / "shardindex.json").write_text(json.dumps({"wids_version": 1, "shardlist": entries}))
     report = verify(str(tmp_path), check_decode=False)
     assert kinds(report) == [("s-1.tar", "missing")] and report["samples"] == 1
+
+
+def test_an_index_entry_through_a_symlink_or_naming_a_fifo_is_refused_not_read(tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    write_tar(outside / "secret.tar", [("s.cls", b"1")])
+    os.mkfifo(outside / "fifo")
+    root = tmp_path / "root"
+    root.mkdir()
+    write_tar(root / "ok.tar", [("a.cls", b"1")])
+    (root / "link").symlink_to(outside)
+    (root / "direct.tar").symlink_to(outside / "secret.tar")
+    (root / "via.tar").symlink_to(outside / "fifo")  # followed, the read would block forever
+    os.mkfifo(root / "pipe.tar")
+    (root / "dir.tar").mkdir()
+    urls = ["link/secret.tar", "direct.tar", "via.tar", "pipe.tar", "dir.tar", "ok.tar"]
+    (root / "shardindex.json").write_text(json.dumps({"wids_version": 1, "shardlist": [{"url": u} for u in urls]}))
+    report = verify(str(root), check_decode=False)
+    assert kinds(report) == [("shardindex.json", "refused")] * 3 + [("pipe.tar", "refused"), ("dir.tar", "unreadable")]
+    assert "passes through the symlink 'link'" in report["problems"][0]["problem"]
+    assert report["samples"] == 1 and [item["ok"] for item in report["per_shard"]] == [False, False, True]
+    with pytest.raises(UsageError, match="not a regular file or a directory"):
+        verify(str(root / "pipe.tar"), check_decode=False)

@@ -286,6 +286,23 @@ def test_build_rejects_members_above_the_limit_and_still_writes_an_index(tmp_pat
     assert index["shardlist"] == [] and not list((tmp_path / "shards").glob("*.tar"))
 
 
+def test_a_sample_file_above_the_limit_is_rejected_by_its_listed_size_without_reading_it(tmp_path):
+    (tmp_path / "src").mkdir()
+    with open(tmp_path / "src" / "huge.cls", "wb") as handle:
+        handle.truncate(256 * 1024 * 1024)  # sparse: a stray 256 MiB file that costs no disk
+    (tmp_path / "src" / "ok.cls").write_bytes(b"1")
+    tracemalloc.start()
+    try:
+        result = build(str(tmp_path / "src"), str(tmp_path / "shards"),
+                       settings=ShardSettings(check_decode=False, max_member_size="1MiB"))
+        _current, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert result["samples"] == 1 and [item["key"] for item in result["rejected"]] == ["huge"]
+    assert "above shards.max_member_size" in result["rejected"][0]["reason"]
+    assert peak < 32 * 1024 * 1024
+
+
 # --------------------------------------------------------------------------- arguments that cannot work
 
 
