@@ -22,6 +22,8 @@ the exporter reads the recorder's totals when it is scraped, no metric object is
 from __future__ import annotations
 
 import json
+import logging
+import math
 import os
 import threading
 import time
@@ -31,6 +33,7 @@ from typing import Any
 
 PHASES = ("data", "compute", "collective", "checkpoint")
 _PERF = time.perf_counter
+log = logging.getLogger("seedance.telemetry")
 
 
 class _Phase:
@@ -101,7 +104,7 @@ class StepRecorder:
         self.totals: dict[str, Any] = {
             "steps": 0, "step": 0, "step_seconds": 0.0, "busy_seconds": 0.0, "cost_usd": Decimal(0),
             "energy_joules": 0.0, "phase_seconds": dict.fromkeys((*PHASES, "other"), 0.0),
-            "loader_samples": 0, "loader_bytes": 0, "skipped_steps": 0, "alloc_retries": 0,
+            "loader_samples": 0, "loader_bytes": 0, "skipped_steps": 0, "alloc_retries": 0, "meter_errors": 0,
         }
         self.last: dict[str, Any] = {}  # the last step's per-step values (gauges)
         self.checkpoint_interval: dict[str, Any] | None = None
@@ -162,11 +165,37 @@ class StepRecorder:
         return (stats.get("reserved_bytes.all.current", 0), stats.get("allocated_bytes.all.current", 0),
                 stats.get("num_alloc_retries", 0))
 
+    def _read_meter(self, busy_fraction: float) -> tuple[float, float]:
+        """(cumulative joules, utilisation) from the meter. Telemetry never stops training: a read
+        that fails (a counter file gone unreadable, an NVML error) or gives a total that is not a
+        finite number at least the last one (a counter reset after a GPU reset) keeps the last
+        total; a utilisation outside 0..1 is clamped, the step's compute fraction where it is not
+        a number. Each such step is counted in `totals["meter_errors"]`, and logged once."""
+        last = self.totals["energy_joules"]
+        try:
+            joules, utilisation = self.meter.read(busy_fraction)
+            joules, utilisation = float(joules), float(utilisation)
+        except Exception as error:  # noqa: BLE001 - any meter failure: keep the last reading
+            joules, utilisation = math.nan, math.nan
+            problem = f"{type(error).__name__}: {error}"
+        else:
+            problem = f"reading {joules!r} J after {last!r} J"
+        if not math.isfinite(utilisation):
+            utilisation = busy_fraction
+        utilisation = min(1.0, max(0.0, utilisation))
+        if math.isfinite(joules) and joules >= last:
+            return joules, utilisation
+        self.totals["meter_errors"] += 1
+        if self.totals["meter_errors"] == 1:
+            log.warning("rank %s: the %s energy meter failed (%s): energy kept at its last total", self.rank,
+                        self.meter.source, str(problem)[:200])
+        return last, utilisation
+
     def _end_step(self, step: int, wall: float) -> None:
         phases = dict(self._phase_seconds)
         phases["other"] = max(0.0, wall - sum(phases.values()))
         busy_fraction = phases["compute"] / wall if wall > 0 else 0.0
-        joules, utilisation = self.meter.read(busy_fraction)
+        joules, utilisation = self._read_meter(busy_fraction)
         cost = self.price.cost(wall)
         memory = self._memory()
         samples, nbytes = self._pending_loader

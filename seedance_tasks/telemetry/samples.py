@@ -8,6 +8,7 @@ sees half a file. Names are the Prometheus names (`seedance_...`); labels always
 
 from __future__ import annotations
 
+import math
 import os
 from decimal import Decimal
 from pathlib import Path
@@ -48,42 +49,67 @@ def write_samples(folder: str | Path, file_name: str, rows: tuple[list, list, li
     return final
 
 
-def read_samples(folder: str | Path):
+def read_sample_files(folder: str | Path, *, skip_damaged: bool = True) -> tuple[Any, list[str]]:
     """Every sample file under `folder` (the `telemetry/` folder of a run) as one Arrow table
-    (hidden, half-written files skipped); an empty table with the schema when there are none."""
+    (hidden, half-written files skipped; an empty table with the schema when there are none),
+    and the names of the files that could not be read as samples (empty or cut short after a
+    crash, another schema): those are left in place, untouched, and their samples not counted.
+    With `skip_damaged=False` such a file raises instead (ArrowInvalid, a ValueError, or OSError)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     files = sorted(Path(folder).glob("samples-*.parquet")) if Path(folder).is_dir() else []
-    tables = [pq.read_table(path, schema=_schema()) for path in files]
-    return pa.concat_tables(tables) if tables else _schema().empty_table()
+    tables, damaged = [], []
+    for path in files:
+        try:
+            tables.append(pq.read_table(path, schema=_schema()))
+        except (pa.ArrowException, OSError):
+            if not skip_damaged:
+                raise
+            damaged.append(path.name)
+    return (pa.concat_tables(tables) if tables else _schema().empty_table()), damaged
 
 
-def _last_by_series(table, names: set[str]) -> dict[tuple, tuple[dict, float]]:
-    """The last value of each (name, rank, attempt, extra labels) series among `names`."""
+def read_samples(folder: str | Path):
+    """Every sample file under `folder` as one Arrow table; a file that cannot be read raises (see
+    `read_sample_files`)."""
+    return read_sample_files(folder, skip_damaged=False)[0]
+
+
+def _last_by_series(table, names: set[str]) -> tuple[dict[tuple, tuple[dict, float]], int]:
+    """The last value of each (name, rank, attempt, extra labels) series among `names`, and how
+    many values were rejected: every series summarised is a count or total, so a value that is
+    NaN, infinite or negative is damaged and not used."""
     last: dict[tuple, tuple[dict, float]] = {}
+    rejected = 0
     columns = table.select(["name", "labels", "value"]).to_pylist()
     for row in columns:
         if row["name"] not in names:
             continue
-        labels = dict(row["labels"])
+        value = row["value"]
+        if value is None or not math.isfinite(value) or value < 0:
+            rejected += 1
+            continue
+        labels = dict(row["labels"] or [])
         key = (row["name"], *sorted((k, v) for k, v in labels.items() if k != "step"))
-        last[key] = (labels, row["value"])
-    return last
+        last[key] = (labels, value)
+    return last, rejected
 
 
-def summarise(folder: str | Path) -> dict[str, Any]:
+def summarise(folder: str | Path, *, skip_damaged: bool = False) -> dict[str, Any]:
     """What a run cost so far, from its samples (every rank, every attempt, redone steps included).
 
     Returns cost_usd (Decimal, exact), cost (str, rounded to cents, with currency), currency,
     steps (optimizer steps completed), usd_per_1000_steps, energy_joules, energy_kwh,
     energy_sources (e.g. ["estimated"]), utilisation (step-time weighted mean), gpu_seconds
-    (rank-seconds), data_wait_fraction. Zeros and None when the run has no samples yet.
+    (rank-seconds), data_wait_fraction, damaged_files (with `skip_damaged`: sample files that could
+    not be read, left in place and not counted; without it such a file raises) and rejected_values
+    (NaN, infinite or negative totals, not counted). Zeros and None when the run has no samples yet.
     """
     from seedance_tasks.telemetry.pricing import cents
 
-    table = read_samples(folder)
-    totals = _last_by_series(table, {"seedance_cost_usd_total", "seedance_energy_joules_total",
+    table, damaged = read_sample_files(folder, skip_damaged=skip_damaged)
+    totals, rejected = _last_by_series(table, {"seedance_cost_usd_total", "seedance_energy_joules_total",
                                      "seedance_step_seconds_total", "seedance_phase_seconds_total",
                                      "seedance_busy_seconds_total", "seedance_step"})
     cost, energy, seconds, busy, data_wait, steps = Decimal(0), 0.0, 0.0, 0.0, 0.0, 0
@@ -115,4 +141,6 @@ def summarise(folder: str | Path) -> dict[str, Any]:
         "utilisation": round(busy / seconds, 4) if seconds else None,
         "rank_seconds": round(seconds, 3),
         "data_wait_fraction": round(data_wait / seconds, 4) if seconds else None,
+        "damaged_files": damaged,
+        "rejected_values": rejected,
     }

@@ -46,8 +46,10 @@ class EnergySettings(StrictModel):
         "auto", description="auto = NVML on a GPU, else RAPL if readable, else the estimate"
     )
     powercap_root: str = Field("/sys/class/powercap", description="where the RAPL counters are (Linux powercap)")
-    gpu_tdp_watts: float = Field(700.0, gt=0, description="GPU board power for the estimate (NVML's limit if readable)")
-    cpu_watts_per_core: float = Field(10.0, gt=0, description="CPU power per busy core for the estimate")
+    gpu_tdp_watts: float = Field(700.0, gt=0, allow_inf_nan=False,
+                                 description="GPU board power for the estimate (NVML's limit if readable)")
+    cpu_watts_per_core: float = Field(10.0, gt=0, allow_inf_nan=False,
+                                      description="CPU power per busy core for the estimate")
 
 
 class TelemetrySettings(StrictModel):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import re
+import shlex
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -24,12 +25,16 @@ def _topology(value: str | None):
     path = Path(value)
     if not path.is_file():
         raise UsageError(f"topology file not found: {value}", hint="a saved `nvidia-smi topo -m`, or `detect`")
-    return topology.parse_topology(path.read_text(errors="replace"), str(path))
+    return topology.parse_topology(topology.read_topology_file(path), str(path))
 
 
 def _run_name(params: dict, run_id: str | None) -> str | None:
+    """The run's name: the `run` param (UsageError unless it is one path component: it names the
+    run's log folder under log_dir too), else one derived from the DAG run id."""
     if params.get("run"):
-        return params["run"]
+        from seedance_tasks.checkpoint.catalog import check_run_name
+
+        return check_run_name(params["run"])
     if not run_id:
         return None
     return "dag-" + re.sub(r"[^A-Za-z0-9_.-]+", "-", run_id).strip("-.")
@@ -78,7 +83,7 @@ def plan_task(params: dict, run_id: str | None = None) -> dict:
         "max_restarts": max_restarts,
         "env": plan["env"],
         "warnings": plan["warnings"],
-        "command": " ".join(plan["command"]),
+        "command": shlex.join(plan["command"]),
         "checkpoint_store": store,
         "run": run,
         "log_dir": str(log_dir.resolve()),
@@ -128,6 +133,9 @@ def _summary(result: dict[str, Any]) -> dict:
         "energy_source": "+".join(telemetry.get("energy_sources") or []) or None,
         "utilisation": telemetry.get("utilisation"),
         "telemetry": telemetry.get("folder"),
+        # what a crash left unreadable (skipped, not counted): telemetry sample files, metrics lines
+        "damaged_telemetry_files": telemetry.get("damaged_files") or None,
+        "damaged_metrics_lines": result.get("damaged_metrics_lines") or None,
     })
     return summary
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shlex
+
 import typer
 
 from seedance_tasks.cli_support import JSON_OPTION, console, emit, err_console, escape, handle_errors, table
@@ -36,7 +38,7 @@ def _topology(topology: str | None, detect: bool, machine: int):
         path = Path(topology)
         if not path.is_file():
             raise UsageError(f"topology file not found: {topology}")
-        return topo.parse_topology(path.read_text(errors="replace"), str(path), machine)
+        return topo.parse_topology(topo.read_topology_file(path), str(path), machine)
     return None
 
 
@@ -65,7 +67,7 @@ def _render_plan(plan: dict) -> None:
         console.print(f"[yellow]warning:[/] {escape(text)}", highlight=False, soft_wrap=True)
         if hint:
             console.print(f"  [yellow]hint:[/] {escape(hint)}", highlight=False, soft_wrap=True)
-    console.print("[bold]command[/] " + escape(" ".join(plan["command"])))
+    console.print("[bold]command[/] " + escape(shlex.join(plan["command"])))
 
 
 @app.command("plan")
@@ -197,7 +199,8 @@ def health_command(
     def render(res: dict) -> None:
         if res["timeouts"]:
             console.print(table("watchdog timeouts", ["rank", "op", "seq", "timeout ms", "ran ms"],
-                                [[t["rank"], t["op"], t["seq"], t["timeout_ms"], t["ran_ms"]] for t in res["timeouts"]]))
+                                [["?" if t["rank"] is None else t["rank"], t["op"], "?" if t["seq"] is None else t["seq"],
+                                 t["timeout_ms"], t["ran_ms"]] for t in res["timeouts"]]))
         if res["channels"]:
             console.print(table("channels", ["kind", "count"], sorted(res["channels"].items())))
         if res["transports"]:
@@ -231,7 +234,8 @@ def schedule_command(
     cfg = load_settings().training
     run = schedule.RunSchedule.from_settings(cfg.schedule, steps or cfg.steps)
     rows = schedule.table(run, world_size)
-    warning = schedule.oversize_warning(run, world_size, rows)
+    warnings = [text for text in (schedule.oversize_warning(run, world_size, rows), schedule.overlap_warning(run))
+                if text]
 
     def render(res: dict) -> None:
         console.print(table(f"batch schedule, world size {world_size}", ["step", "target", "accum", "global batch", "lr"],
@@ -240,5 +244,4 @@ def schedule_command(
         for text in res["warnings"]:
             console.print(f"[yellow]warning:[/] {escape(text)}")
 
-    emit({"schedule": run.to_dict(), "world_size": world_size, "steps": rows, "warnings": [warning] if warning else []},
-         as_json, render)
+    emit({"schedule": run.to_dict(), "world_size": world_size, "steps": rows, "warnings": warnings}, as_json, render)

@@ -185,21 +185,43 @@ def check(name: str, value: str | None = None) -> Check:
 
 
 _NAME_RE = re.compile(r"^[A-Z_][A-Z0-9_]*$")
+_CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def _as_value(name: str, value: object) -> tuple[str | None, str | None]:
+    """(the value as the environment holds it, None) or (None, the problem): a boolean is 1 or 0 (as
+    NCCL and PyTorch parse flags: `True` would read as 0), a number as written; a list, a mapping or
+    a string with a control character (a NUL cannot be in an environment; a newline splits it) is
+    refused."""
+    if isinstance(value, bool):
+        return ("1" if value else "0"), None
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return str(value), None
+    if not isinstance(value, str):
+        return None, f"{name}: a {type(value).__name__} is not a value (give a string or a number)"
+    if _CONTROL_RE.search(value):
+        return None, f"{name}={value[:40]!r}: control characters (a NUL, a newline) cannot be in its value"
+    return value, None
 
 
 def validate(overrides: dict[str, object], *, source: str = "overrides") -> dict[str, str]:
-    """`overrides` as strings if every name is read by its library; else UsageError naming each bad
-    name with the one to use instead. Values of None are dropped."""
+    """`overrides` as strings if every name is read by its library and every value is a string
+    (without control characters), a number or a boolean (as 1/0); else UsageError naming each bad
+    name with the one to use instead, or the bad value. Values of None are dropped."""
     problems, clean = [], {}
     for name, value in overrides.items():
         if value is None:
             continue
-        if not _NAME_RE.match(name):
+        if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
             problems.append(f"{name!r} is not an environment variable name")
             continue
-        verdict = check(name, str(value))
+        text, problem = _as_value(name, value)
+        if problem:
+            problems.append(problem)
+            continue
+        verdict = check(name, text)
         if verdict.ok:
-            clean[name] = str(value)
+            clean[name] = text
             continue
         text = f"{name}: {verdict.reason}"
         if verdict.suggestion:

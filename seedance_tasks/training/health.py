@@ -16,9 +16,13 @@ from seedance_tasks.errors import UsageError
 from seedance_tasks.training.launch import parse_failures
 from seedance_tasks.training.plan import Profile
 
+# PyTorch's wording over the years: `[Rank 1] ` (or `[PG ID 0 PG GUID 0(default_pg) Rank 1] `, or no
+# rank at all) before it; no SeqNum before 1.11, no NumelIn before 1.13. A match never runs on into
+# the next WorkNCCL( of a line where two ranks' messages were written into each other.
 _TIMEOUT_RE = re.compile(
-    r"\[Rank (?P<rank>\d+)\] Watchdog caught collective operation timeout: WorkNCCL\("
-    r"SeqNum=(?P<seq>\d+), OpType=(?P<op>\w+)(?:, NumelIn=(?P<numel>\d+))?.*?Timeout\(ms\)=(?P<timeout>\d+)\)"
+    r"(?:\[(?:PG ID [^\]]*? )?Rank (?P<rank>\d+)\] )?Watchdog caught collective operation timeout: WorkNCCL\("
+    r"(?:SeqNum=(?P<seq>\d+), )?OpType=(?P<op>\w+)(?:, NumelIn=(?P<numel>\d+))?(?:(?!WorkNCCL\().)*?"
+    r"Timeout\(ms\)=(?P<timeout>\d+)\)"
     r" ran for (?P<ran>\d+) milliseconds"
 )
 _WORK_RE = re.compile(
@@ -37,11 +41,12 @@ _VIA_RE = re.compile(
     r"(?:\[[0-9a-f]+\])?(?: \[(?P<dir>send|receive)\])? via (?P<via>.+?)\s*$"
 )
 _ALGO_LINE_RE = re.compile(r"NCCL INFO (Ring|Tree|Trees) \[?\d+")
+# NCCL 2.19+ names the call first: `NCCL INFO ncclCommInitRankConfig comm 0x... rank 0 nranks 8 ...`
 _COMM_RE = re.compile(
-    r"NCCL INFO comm 0x[0-9a-f]+ rank (?P<rank>\d+) n[Rr]anks (?P<nranks>\d+)"
+    r"NCCL INFO (?:ncclComm\w+ )?comm 0x[0-9a-f]+ rank (?P<rank>\d+) n[Rr]anks (?P<nranks>\d+)"
     r"(?: nNodes (?P<nnodes>\d+))?(?: localRanks (?P<local>\d+))?"
 )
-_INIT_DONE_RE = re.compile(r"NCCL INFO comm 0x[0-9a-f]+ rank \d+ nranks \d+ .*Init COMPLETE")
+_INIT_DONE_RE = re.compile(r"NCCL INFO (?:ncclComm\w+ )?comm 0x[0-9a-f]+ rank \d+ nranks \d+ .*Init COMPLETE")
 _WARN_RE = re.compile(r"NCCL WARN (.*)$")
 _NCCL_RE = re.compile(r"NCCL (INFO|WARN)")
 _PERF_ROW_RE = re.compile(  # out-of-place columns, then in-place ones where the table has them
@@ -51,6 +56,12 @@ _PERF_ROW_RE = re.compile(  # out-of-place columns, then in-place ones where the
 )
 _PERF_RANK_RE = re.compile(r"^#\s+Rank\s+(\d+)\s+Group")
 _AVG_BUSBW_RE = re.compile(r"#\s*Avg bus bandwidth\s*:\s*([\d.]+)")
+_OUT_OF_BOUNDS_RE = re.compile(r"#\s*Out of bounds values\s*:\s*(\d+)")
+# the column header of an nccl-tests table: `# size count type redop root time algbw busbw #wrong ...`
+# now; older releases had no root column (all_reduce), no redop (broadcast) and an `error` column
+# (the largest difference seen, not a count) where #wrong is now
+_PERF_HEADER_RE = re.compile(r"^#\s*size\s+count\s+type\b.*\btime\s+algbw\s+busbw\b")
+_PERF_NUMBER_RE = re.compile(r"^\d+(?:\.\d*)?$")
 _FORCED_RE = re.compile(r"\b(NCCL_ALGO|NCCL_PROTO)=(\S+)")
 _LAUNCH_RE = re.compile(r"^\$ .*torch\.distributed\.run")  # the header `seedance train launch` writes
 # what a launcher puts before each line of a rank's output: Slurm's `srun --label` (the task id,
@@ -169,6 +180,10 @@ def _transport(via: str) -> str:
     return via
 
 
+def _int_or_none(text: str | None) -> int | None:
+    return int(text) if text is not None else None
+
+
 def parse_nccl_log(text: str) -> dict[str, Any]:
     """Timeouts, desync report, channel counts, transports, algorithms and init status from a log."""
     timeouts: list[dict[str, Any]] = []
@@ -190,12 +205,12 @@ def parse_nccl_log(text: str) -> dict[str, Any]:
     for line in lines:
         if _NCCL_RE.search(line):
             nccl_lines += 1
-        if match := _TIMEOUT_RE.search(line):
-            timeouts.append({
-                "rank": int(match["rank"]), "op": match["op"], "seq": int(match["seq"]),
+        if found := list(_TIMEOUT_RE.finditer(line)):  # two ranks' messages can share a line
+            timeouts.extend({
+                "rank": _int_or_none(match["rank"]), "op": match["op"], "seq": _int_or_none(match["seq"]),
                 "timeout_ms": int(match["timeout"]), "ran_ms": int(match["ran"]),
                 "numel": int(match["numel"]) if match["numel"] else None,
-            })
+            } for match in found)
             continue
         if match := _WORK_RE.search(line):
             work.append({"rank": int(match["rank"]), "work": int(match["work"]),
@@ -259,12 +274,67 @@ def parse_nccl_log(text: str) -> dict[str, Any]:
     }
 
 
+def _perf_columns(line: str) -> list[str]:
+    return line.lstrip("#").split()
+
+
+def _perf_row_by_header(columns: list[str], line: str) -> dict[str, Any] | None:
+    """A data row read by the names of its table's header (the out-of-place part alone, or both
+    parts); None for a line that is not one."""
+    cells = line.split()
+    starts = [index for index, name in enumerate(columns) if name == "time"]
+    if not starts or not cells or not cells[0].isdigit():
+        return None
+    if len(cells) != len(columns):
+        if len(starts) < 2 or len(cells) != starts[1]:
+            return None
+        columns = columns[: starts[1]]
+        starts = starts[:1]
+    named = dict(zip(columns[: starts[0]], cells, strict=False))
+    if not {"size", "count", "type"} <= set(named) or not named["count"].isdigit() or (
+            "root" in named and not re.fullmatch(r"-?\d+", named["root"])):
+        return None
+    row: dict[str, Any] = {"size": int(named["size"]), "count": int(named["count"]), "type": named["type"],
+                           "redop": named.get("redop", "none"), "root": int(named.get("root", -1))}
+    for part, start, end in zip(("out_of_place", "in_place"), starts, [*starts[1:], len(columns)], strict=False):
+        values = dict(zip(columns[start:end], cells[start:end], strict=True))
+        if not all(_PERF_NUMBER_RE.match(values.get(key, "")) for key in ("time", "algbw", "busbw")):
+            return None
+        row[part] = {"time_us": float(values["time"]), "algbw": float(values["algbw"]),
+                     "busbw": float(values["busbw"]), "wrong": values.get("#wrong", "N/A")}
+        if "error" in values:
+            row[part]["max_error"] = values["error"]
+    return row
+
+
+def _perf_row(line: str) -> dict[str, Any] | None:
+    """A data row of today's column layout, for rows shown without their header."""
+    match = _PERF_ROW_RE.match(line)
+    if not match:
+        return None
+    groups = match.groupdict()
+    row: dict[str, Any] = {
+        "size": int(groups["size"]), "count": int(groups["count"]), "type": groups["type"],
+        "redop": groups["redop"], "root": int(groups["root"]),
+        "out_of_place": {"time_us": float(groups["t1"]), "algbw": float(groups["a1"]),
+                         "busbw": float(groups["b1"]), "wrong": groups["w1"]},
+    }
+    if groups.get("t2") is not None:
+        row["in_place"] = {"time_us": float(groups["t2"]), "algbw": float(groups["a2"]),
+                           "busbw": float(groups["b2"]), "wrong": groups["w2"]}
+    return row
+
+
 def parse_nccl_tests(text: str) -> dict[str, Any]:
     """Rows of an nccl-tests table (`all_reduce_perf` and friends): size, count, and per out-of-place
-    / in-place time (us), algbw and busbw (GB/s), #wrong; plus ranks, forced algorithm, average."""
+    / in-place time (us), algbw and busbw (GB/s), #wrong; plus ranks, forced algorithm, average and
+    the `Out of bounds values` count. Rows are read by the names of the table's header where it
+    is in the log (older releases: no root column, an `error` column instead of #wrong), else as
+    today's layout."""
     rows: list[dict[str, Any]] = []
     ranks: set[int] = set()
-    average = None
+    average = out_of_bounds = None
+    columns: list[str] | None = None
     for line in _lines(text):
         if match := _PERF_RANK_RE.match(line):
             ranks.add(int(match.group(1)))
@@ -272,20 +342,15 @@ def parse_nccl_tests(text: str) -> dict[str, Any]:
         if match := _AVG_BUSBW_RE.search(line):
             average = float(match.group(1))
             continue
-        match = _PERF_ROW_RE.match(line)
-        if not match:
+        if match := _OUT_OF_BOUNDS_RE.search(line):
+            out_of_bounds = (out_of_bounds or 0) + int(match.group(1))
             continue
-        groups = match.groupdict()
-        row: dict[str, Any] = {
-            "size": int(groups["size"]), "count": int(groups["count"]), "type": groups["type"],
-            "redop": groups["redop"], "root": int(groups["root"]),
-            "out_of_place": {"time_us": float(groups["t1"]), "algbw": float(groups["a1"]),
-                             "busbw": float(groups["b1"]), "wrong": groups["w1"]},
-        }
-        if groups.get("t2") is not None:
-            row["in_place"] = {"time_us": float(groups["t2"]), "algbw": float(groups["a2"]),
-                               "busbw": float(groups["b2"]), "wrong": groups["w2"]}
-        rows.append(row)
+        if _PERF_HEADER_RE.match(line.strip()):
+            columns = _perf_columns(line)
+            continue
+        row = (_perf_row_by_header(columns, line) if columns else None) or _perf_row(line)
+        if row is not None:
+            rows.append(row)
     inferred = None
     for row in rows:  # all_reduce: busbw = algbw * 2(n-1)/n  =>  n = 2 / (2 - ratio)
         part = row["out_of_place"]
@@ -303,6 +368,7 @@ def parse_nccl_tests(text: str) -> dict[str, Any]:
         "largest_size": max((r["size"] for r in rows), default=None),
         "wrong": sum(1 for r in rows for part in ("out_of_place", "in_place")
                      if part in r and r[part]["wrong"] not in ("0", "N/A")),
+        "out_of_bounds": out_of_bounds,
     }
 
 
@@ -336,13 +402,14 @@ def _verdict(log: dict[str, Any], perf: dict[str, Any], expected_busbw: float | 
             "read the desync report's stack trace for where the lagging rank diverged; make every rank issue "
             "the same collectives in the same order")
     elif timeouts:
-        seqs = sorted({item["seq"] for item in timeouts})
+        seqs = sorted({item["seq"] for item in timeouts if item["seq"] is not None})
         ops = sorted({item["op"] for item in timeouts})
-        reporting = sorted({item["rank"] for item in timeouts})
+        reporting = sorted({item["rank"] for item in timeouts if item["rank"] is not None})
         budget = max(item["timeout_ms"] for item in timeouts)
-        cause = (f"watchdog timeout in {'/'.join(ops)} seq {', '.join(map(str, seqs))} on rank(s) "
-                 f"{', '.join(map(str, reporting))} after {budget / 1000:g} s")
-        if len(seqs) == 1:
+        cause = (f"watchdog timeout in {'/'.join(ops)}" + (f" seq {', '.join(map(str, seqs))}" if seqs else "")
+                 + (f" on rank(s) {', '.join(map(str, reporting))}" if reporting else "")
+                 + f" after {budget / 1000:g} s")
+        if len(seqs) == 1 and all(item["seq"] is not None for item in timeouts):
             cause += ": every reporting rank is stuck in the same collective, so a rank that never arrived " \
                      "(stuck in data loading or I/O, crashed, out of memory) held them up"
         fix = ("find the rank missing from this list in its own log; rerun with TORCH_NCCL_DESYNC_DEBUG=1 and "
@@ -384,8 +451,10 @@ def _verdict(log: dict[str, Any], perf: dict[str, Any], expected_busbw: float | 
             f"remove {name} unless the platform's vendor prescribes it")
     if perf["rows"]:
         peak, largest = perf["peak_busbw"], perf["largest_size"]
-        if perf["wrong"]:
-            add("failed", f"nccl-tests reported {perf['wrong']} result(s) with #wrong > 0: data corruption",
+        if perf["wrong"] or perf["out_of_bounds"]:
+            found = (f"{perf['wrong']} result(s) with #wrong > 0" if perf["wrong"]
+                     else f"{perf['out_of_bounds']} out-of-bounds value(s)")
+            add("failed", f"nccl-tests reported {found}: data corruption",
                 "check NCCL_PROTO (LL128 on unsupported platforms corrupts data), drivers and hardware")
         if largest is not None and largest < _SATURATION_BYTES:
             add("info", f"largest message tested is {largest / 1024**2:g} MiB: bus bandwidth is not saturated yet "

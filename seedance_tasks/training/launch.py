@@ -14,6 +14,7 @@ import json
 import os
 import queue
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -89,32 +90,70 @@ def parse_failures(lines: list[str]) -> list[dict[str, Any]]:
     return found
 
 
+def metrics_records(path: str | Path) -> tuple[list[dict[str, Any]], int]:
+    """The records of a metrics file (one JSON object a line) and how many lines were damaged.
+
+    A line cut short by a crash (kill -9, a full disk, a lost node) or otherwise not a JSON object
+    is counted and skipped, never fatal: the records before and after it are all returned. A
+    missing file has no records."""
+    path = Path(path)
+    if not path.is_file():
+        return [], 0
+    records, damaged = [], 0
+    for line in path.read_text(errors="replace").splitlines():
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line)
+        except ValueError:
+            item = None
+        if isinstance(item, dict):
+            records.append(item)
+        else:
+            damaged += 1
+    return records, damaged
+
+
+def _int_field(item: dict[str, Any], key: str) -> int | None:
+    value = item.get(key)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
 def read_metrics(path: str | Path) -> dict[str, Any]:
     """rank 0's metrics file -> the loss trajectory (last record of each step wins: a resumed run
-    recomputes the steps after its checkpoint), the checkpoints and the attempts."""
-    path = Path(path)
+    recomputes the steps after its checkpoint), the checkpoints and the attempts.
+
+    Damaged lines, and records without the integer step (or attempt) they need, are skipped and
+    counted in `damaged_lines`."""
+    records, damaged = metrics_records(path)
     steps: dict[int, dict[str, Any]] = {}
     checkpoints, starts, interruptions = [], [], []
     interval, ended = None, None
-    if path.exists():
-        for line in path.read_text().splitlines():
-            if not line.strip():
+    for item in records:
+        step = _int_field(item, "step")
+        if "event" not in item:
+            if step is None or not isinstance(item.get("loss"), (int, float)):
+                damaged += 1
                 continue
-            item = json.loads(line)
-            if "event" not in item:
-                steps[item["step"]] = item
-            elif item["event"] == "checkpoint":
-                checkpoints.append(item["step"])
-            elif item["event"] == "start":
-                starts.append({"attempt": item["attempt"], "world": item["world"], "resumed_from": item["resumed_from"]})
-                ended = None
-            elif item["event"] == "interrupted":
-                interruptions.append({key: item.get(key) for key in ("step", "reason", "saved", "notice")})
-                ended = interruptions[-1]
-            elif item["event"] == "checkpoint_interval":
-                interval = {key: value for key, value in item.items() if key != "event"}
-            elif item["event"] == "finish":
-                ended = "finished"
+            steps[step] = item
+        elif item["event"] == "checkpoint":
+            if step is None:
+                damaged += 1
+                continue
+            checkpoints.append(step)
+        elif item["event"] == "start":
+            if _int_field(item, "attempt") is None:
+                damaged += 1
+                continue
+            starts.append({key: item.get(key) for key in ("attempt", "world", "resumed_from")})
+            ended = None
+        elif item["event"] == "interrupted":
+            interruptions.append({key: item.get(key) for key in ("step", "reason", "saved", "notice")})
+            ended = interruptions[-1]
+        elif item["event"] == "checkpoint_interval":
+            interval = {key: value for key, value in item.items() if key != "event"}
+        elif item["event"] == "finish":
+            ended = "finished"
     ordered = [steps[key] for key in sorted(steps)]
     return {
         "losses": [item["loss"] for item in ordered],
@@ -125,6 +164,7 @@ def read_metrics(path: str | Path) -> dict[str, Any]:
         "interrupted": ended if isinstance(ended, dict) else None,  # the last attempt stopped on a signal/notice
         "checkpoint_interval": interval,
         "skipped_steps": sum(1 for item in ordered if item.get("skipped")),
+        "damaged_lines": damaged,
     }
 
 
@@ -165,7 +205,7 @@ def run_torchrun(
     hung = False
     started = time.monotonic()
     with log_path.open("a") as log:
-        log.write(f"$ {' '.join(command)}\n")
+        log.write(f"$ {shlex.join(command)}\n")
         process = subprocess.Popen(
             command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
             start_new_session=True, bufsize=1,
@@ -248,6 +288,7 @@ def run_torchrun(
         "retryable": bool(interrupted),  # the job asked to be run again: torchrun and Airflow retry it
         "checkpoint_interval": metrics["checkpoint_interval"],
         "skipped_steps": metrics["skipped_steps"],
+        "damaged_metrics_lines": metrics["damaged_lines"],  # torn by a crash, skipped
         "telemetry": _telemetry_summary(job.get("telemetry_dir")),
         "seconds": round(time.monotonic() - started, 1),
         "log": str(log_path),
@@ -264,7 +305,7 @@ def _telemetry_summary(folder: str | None) -> dict[str, Any] | None:
         return None
     from seedance_tasks.telemetry.samples import summarise
 
-    summary = summarise(folder)
+    summary = summarise(folder, skip_damaged=True)  # after the job: a file a crash left unreadable is named, not fatal
     summary["cost_usd"] = str(summary["cost_usd"])
     if summary["usd_per_1000_steps"] is not None:
         summary["usd_per_1000_steps"] = str(summary["usd_per_1000_steps"])
@@ -363,6 +404,10 @@ def launch(
     checkpoint_store = checkpoint_store or cfg.checkpoint_store or settings.checkpoint.store
     if run and not checkpoint_store:
         raise UsageError("--run needs a checkpoint store", hint="pass --checkpoint-store or set checkpoint.store")
+    if run:
+        from seedance_tasks.checkpoint.catalog import check_run_name
+
+        check_run_name(run)  # one path component: refused here, not by every rank after torchrun starts
     if checkpoint_store and not run:
         run = f"train-{storage.new_run_id()}"
     if data:

@@ -7,6 +7,7 @@ reads (`envvars.check`); a profile file or an override that names another is ref
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -52,9 +53,9 @@ def _load(path: str) -> tuple[dict[str, Profile], dict[str, dict[str, str]]]:
     unknown = set(data) - {"common", "profiles"}
     if unknown:
         raise ConfigError(f"{path}: unknown top-level key(s) {sorted(unknown)}")
-    common = {key: {str(k): str(v) for k, v in (value or {}).items()} for key, value in (data.get("common") or {}).items()}
-    for section, env in common.items():
-        envvars.validate(env, source=f"{path}: common.{section}")
+    # validate gives the values as the environment holds them (YAML's true/yes: 1, never "True")
+    common = {key: envvars.validate(dict(value or {}), source=f"{path}: common.{key}")
+              for key, value in (data.get("common") or {}).items()}
     profiles: dict[str, Profile] = {}
     allowed = {"description", "match", "backend", "env", "nic_per_rank", "expected_busbw_gbps", "notes", "source"}
     for name, body in (data.get("profiles") or {}).items():
@@ -62,7 +63,7 @@ def _load(path: str) -> tuple[dict[str, Profile], dict[str, dict[str, str]]]:
         extra = set(body) - allowed
         if extra:
             raise ConfigError(f"{path}: profile {name!r} has unknown key(s) {sorted(extra)}")
-        env = {str(k): str(v) for k, v in (body.get("env") or {}).items()}
+        env = envvars.validate(dict(body.get("env") or {}), source=f"{path}: profile {name}")
         # placeholders are checked with a representative value
         envvars.validate({k: v.replace("{ib_hca}", "=mlx5_0") for k, v in env.items()}, source=f"{path}: profile {name}")
         profiles[name] = Profile(
@@ -196,6 +197,22 @@ def _rank_layout(topology: Topology | None, nproc: int, nic_per_rank: bool) -> l
     return ranks
 
 
+_HOST_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9])?"
+_RDZV_RE = re.compile(rf"(?:{_HOST_LABEL}(?:\.{_HOST_LABEL})*|\[[0-9A-Fa-f:.]+(?:%[\w.-]+)?\])(?::(?P<port>\d{{1,5}}))?")
+
+
+def check_rdzv_endpoint(endpoint: str) -> str:
+    """`endpoint` if it is HOST[:PORT] (a host name, an IPv4 address or a bracketed IPv6 one, a port
+    1-65535); else UsageError. Nothing else gets into the torchrun command, so the command a plan
+    prints can be pasted into a shell as it is."""
+    match = _RDZV_RE.fullmatch(endpoint)
+    if not match or not 0 < int(match["port"] or 1) <= 65535:
+        raise UsageError(f"--rdzv-endpoint {endpoint!r} is not HOST:PORT",
+                         hint="a host name or IP address every node reaches, and a free port, e.g. "
+                              "node-0.cluster:29500 or [fd00::1]:29500")
+    return endpoint
+
+
 def torchrun_command(
     *,
     nproc_per_node: int,
@@ -204,9 +221,12 @@ def torchrun_command(
     max_restarts: int = 0,
     trainer_args: list[str] | None = None,
 ) -> list[str]:
-    """The torchrun command line (as a person would type it) for the reference trainer."""
+    """The torchrun command line for the reference trainer, as arguments (print it with shlex.join);
+    UsageError for a rendezvous endpoint that is not HOST[:PORT]."""
     if nnodes > 1 and not rdzv_endpoint:
         raise UsageError("--nnodes > 1 needs --rdzv-endpoint HOST:PORT (the rendezvous every node joins)")
+    if rdzv_endpoint:
+        check_rdzv_endpoint(rdzv_endpoint)
     command = ["torchrun", f"--nproc-per-node={nproc_per_node}", f"--nnodes={nnodes}"]
     if nnodes > 1:
         command += ["--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv_endpoint}"]

@@ -11,9 +11,11 @@ and the Airflow task retries.
 
 from __future__ import annotations
 
+import http.client
 import json
 import logging
 import math
+import re
 import signal
 import threading
 import urllib.error
@@ -26,6 +28,8 @@ TOKEN_PATH = "/latest/api/token"
 NOTICE_PATH = "/latest/meta-data/spot/instance-action"
 TOKEN_TTL_HEADER = "X-aws-ec2-metadata-token-ttl-seconds"
 TOKEN_HEADER = "X-aws-ec2-metadata-token"
+_TOKEN_RE = re.compile(r"[\x21-\x7e]{1,4096}")
+_MAX_ANSWER_BYTES = 65536  # a notice is ~60 bytes, a token ~56
 
 log = logging.getLogger("seedance.training")
 
@@ -65,22 +69,31 @@ class InterruptWatcher:
         return self.reason is not None
 
     def _request(self, method: str, path: str, headers: dict[str, str]) -> tuple[int, bytes]:
-        request = urllib.request.Request(self.endpoint + path, method=method, headers=headers)
+        """(status, body) of one request; OSError for anything that is not an HTTP answer (no
+        service, a garbled status line, an endpoint that is not an http:// URL)."""
         try:
+            request = urllib.request.Request(self.endpoint + path, method=method, headers=headers)
             with urllib.request.urlopen(request, timeout=self.timeout) as response:  # noqa: S310 - configured endpoint
-                return response.status, response.read()
+                return response.status, response.read(_MAX_ANSWER_BYTES)
         except urllib.error.HTTPError as error:
-            return error.code, error.read() if error.fp else b""
+            return error.code, error.read(_MAX_ANSWER_BYTES) if error.fp else b""
+        except (http.client.HTTPException, ValueError) as error:
+            what = f"{type(error).__name__}: {str(error).strip()[:200]}"
+            raise OSError(f"not an HTTP answer from {self.endpoint}: {what}") from None
 
     def _fetch_token(self) -> str:
         status, body = self._request("PUT", TOKEN_PATH, {TOKEN_TTL_HEADER: str(self.token_ttl)})
         if status != 200:
             raise OSError(f"IMDSv2 token request answered {status}")
-        return body.decode().strip()
+        token = body.decode("ascii", errors="replace").strip()
+        if not _TOKEN_RE.fullmatch(token):  # it goes into a header: printable ASCII, no blanks
+            raise OSError(f"IMDSv2 token request answered something that is not a token: {body[:60]!r}")
+        return token
 
     def poll_once(self) -> dict[str, Any] | None:
-        """One IMDSv2 round trip: the spot notice (instance-action JSON) or None. Raises OSError
-        when the endpoint cannot be reached."""
+        """One IMDSv2 round trip: the spot notice (an instance-action JSON object with an `action`)
+        or None (404). Raises OSError when the endpoint cannot be reached or answers anything else
+        (a garbled answer, a 200 that is not a notice: never taken for an interruption)."""
         if self._token is None:
             self._token = self._fetch_token()
         status, body = self._request("GET", NOTICE_PATH, {TOKEN_HEADER: self._token})
@@ -95,8 +108,10 @@ class InterruptWatcher:
         try:
             notice = json.loads(body)
         except ValueError:
-            notice = {"raw": body.decode(errors="replace")}
-        return notice if isinstance(notice, dict) else {"raw": notice}
+            notice = None
+        if not isinstance(notice, dict) or not isinstance(notice.get("action"), str):
+            raise OSError(f"spot notice request answered 200 without an instance-action notice: {body[:80]!r}")
+        return notice
 
     def _poll_loop(self) -> None:
         failures = 0
@@ -138,27 +153,30 @@ def young_daly(save_cost_s: float, mtbf_s: float, step_seconds: float, *, max_st
             "save_cost_s": round(save_cost_s, 6), "mtbf_s": round(mtbf_s, 3), "step_seconds": round(step_seconds, 6)}
 
 
+def _seconds(value: Any) -> float | None:
+    """A duration from a metrics record: a finite number >= 0, else None (a damaged field)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) and value >= 0 else None
+
+
 def mtbf_from_history(metrics: str | Path, configured_s: float) -> dict[str, Any]:
     """The MTBF to plan with: the run's observed exposure / interruptions (from its metrics file,
     read before this attempt starts: every earlier start without a finish was cut short), else
     `configured_s`; plus
     the save stalls its earlier checkpoints measured (`save_stalls`)."""
-    path = Path(metrics)
+    from seedance_tasks.training.launch import metrics_records
+
     starts, finishes, exposure, stalls = 0, 0, 0.0, []
-    if path.exists():
-        for line in path.read_text().splitlines():
-            try:
-                item = json.loads(line)
-            except ValueError:
-                continue
-            if item.get("event") == "start":
-                starts += 1
-            elif item.get("event") == "finish":
-                finishes += 1
-            elif item.get("event") == "checkpoint" and item.get("stall_s") is not None:
-                stalls.append(float(item["stall_s"]))
-            elif "event" not in item:
-                exposure += float(item.get("seconds") or 0.0)
+    for item in metrics_records(metrics)[0]:
+        if item.get("event") == "start":
+            starts += 1
+        elif item.get("event") == "finish":
+            finishes += 1
+        elif item.get("event") == "checkpoint" and _seconds(item.get("stall_s")) is not None:
+            stalls.append(_seconds(item["stall_s"]))
+        elif "event" not in item:
+            exposure += _seconds(item.get("seconds")) or 0.0
     failures = max(0, starts - finishes)  # read before this attempt starts: every unfinished one was cut short
     found = {"failures": failures, "exposure_s": round(exposure, 3), "save_stalls": stalls}
     if failures:

@@ -108,6 +108,17 @@ def oversize_warning(schedule, world_size: int, rows: list[dict]) -> str | None:
             "use fewer ranks or a smaller micro_batch to follow the schedule")
 
 
+def overlap_warning(schedule) -> str | None:
+    """A warning where warmup_steps + decay_steps exceed the run (the decay then starts before the
+    warmup ends: the batch never holds peak_batch and drops at once when the warmup stops); else None."""
+    total = schedule_total(schedule)
+    if not total or schedule.warmup_steps + schedule.decay_steps <= total:
+        return None
+    return (f"warmup_steps {schedule.warmup_steps} + decay_steps {schedule.decay_steps} is more than the "
+            f"{total} steps of the run: the batch never holds peak_batch {schedule.peak_batch} and drops from "
+            "the warmup straight into the decay; shorten them or run more steps")
+
+
 @dataclass(frozen=True)
 class RunSchedule:
     """A schedule bound to a run length: the settings' fields plus `total_steps`."""
@@ -127,7 +138,12 @@ class RunSchedule:
 
     @classmethod
     def from_settings(cls, settings, total_steps: int, **overrides) -> RunSchedule:
-        values = {**settings.model_dump(), **{k: v for k, v in overrides.items() if v is not None}}
+        """The `training.schedule` settings with `overrides` (None ignored) bound to `total_steps`;
+        overrides are validated as the settings are (ConfigError naming the key: a zero micro
+        batch, a fractional or negative batch, a NaN learning rate)."""
+        from seedance_tasks.config import section_with
+
+        values = section_with(settings, overrides, source="the schedule overrides").model_dump()
         return cls(total_steps=total_steps, **values)
 
     def to_dict(self) -> dict:

@@ -32,7 +32,7 @@ class ScheduleSettings(StrictModel):
     critical_batch: int | None = Field(
         None, ge=1, description="no batch beyond this, and no LR scaling beyond it (null = no cap)"
     )
-    base_lr: float = Field(3e-3, gt=0, description="learning rate at base_batch")
+    base_lr: float = Field(3e-3, gt=0, allow_inf_nan=False, description="learning rate at base_batch")
     base_batch: int = Field(16, ge=1, description="global batch base_lr was tuned at")
     optimizer: Literal["adamw", "sgd"] = Field("adamw", description="reference trainer's optimizer")
     lr_scaling: Literal["auto", "sqrt", "linear", "none"] = Field(
@@ -70,7 +70,7 @@ class TrainingSettings(StrictModel):
     precision: Literal["fp32", "bf16", "fp16"] = Field(
         "fp32", description="reference trainer: bf16 autocast (CPU and GPU), or fp16 autocast + GradScaler"
     )
-    loss_scale_init: float = Field(65536.0, gt=0, description="GradScaler's initial loss scale (fp16)")
+    loss_scale_init: float = Field(65536.0, gt=0, allow_inf_nan=False, description="GradScaler's initial loss scale (fp16)")
     spot: SpotSettings = SpotSettings()
     checkpoint_store: str | None = Field(None, description="checkpoint store; null = checkpoint.store")
     log_dir: str | None = Field(None, description="where launch logs and metrics go; null = a temp folder")

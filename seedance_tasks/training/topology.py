@@ -3,7 +3,8 @@
 The matrix comes in many shapes: tab-separated (empty cells possible, e.g. an empty CPU
 affinity) or space-aligned (tabs expanded), old NIC headers (`mlx5_0`) or new ones (`NIC0` plus a
 "NIC Legend" mapping them to `mlx5_0`), `N/A` NUMA cells, an extra `GPU NUMA ID` column, and the
-`topo -mp` variant (PCIe paths only: NVLinks are not shown). A file may hold several matrices
+`topo -mp` variant (PCIe paths only: NVLinks are not shown); CRLF line ends, a byte-order mark and
+terminal colour codes are dropped (`read_topology_file` also reads UTF-16). A file may hold several matrices
 (several machines); `parse_topologies` returns each. Nothing here runs `nvidia-smi` except
 `detect`. A CPU Affinity, NUMA Affinity or GPU NUMA ID cell that is neither empty, `N/A` nor
 what nvidia-smi prints there is an InputError naming the file, line, GPU and column.
@@ -11,10 +12,12 @@ what nvidia-smi prints there is an InputError naming the file, line, GPU and col
 
 from __future__ import annotations
 
+import codecs
 import re
 import shutil
 import subprocess
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from seedance_tasks.errors import InputError, UsageError
@@ -26,6 +29,9 @@ _DEVICE_RE = re.compile(r"^(GPU\d+|NIC\d+|mlx\d+_\d+|[A-Za-z][\w.-]*\d)$")
 _LEGEND_RE = re.compile(r"^\s*(NIC\d+)\s*:\s*(\S+)\s*$")
 _TRAILING_COLUMNS = ("CPU Affinity", "NUMA Affinity", "GPU NUMA ID")
 _UNNAMED_NIC_RE = re.compile(r"^NIC\d+$")
+# terminal colour and cursor codes (ESC [ ... letter), as a copy through `script`, tmux or a CI
+# console leaves them; and a byte-order mark
+_ESCAPE_RE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\ufeff")
 # The largest CPU id a CPU Affinity cell may name: far above Linux's largest NR_CPUS (8192), and
 # small enough that a typo such as 0-99999999999 is refused instead of expanded in memory.
 MAX_CPU_ID = 65_535
@@ -236,7 +242,7 @@ def _split_matrices(text: str, source: str) -> list[_Matrix]:
     current: _Matrix | None = None
     in_legend = in_nic_legend = False
     for number, raw in enumerate(text.splitlines(), start=1):
-        line = raw.rstrip("\r")
+        line = _ESCAPE_RE.sub("", raw).rstrip("\r")
         stripped = line.strip()
         if stripped.startswith(("#", "$")):
             continue
@@ -443,6 +449,16 @@ def parse_topologies(text: str, source: str = "<topology>") -> list[Topology]:
             hint="save the output of `nvidia-smi topo -m` to a file and pass it with --topology",
         )
     return [_build(matrix, source) for matrix in matrices]
+
+
+def read_topology_file(path: str | Path) -> str:
+    """The text of a saved `nvidia-smi topo -m`: UTF-8 (a byte-order mark dropped) or UTF-16 with
+    its byte-order mark (what Windows PowerShell's `>` writes); bytes that do not decode become
+    U+FFFD, so a damaged line is named by the parser, not a decoding error."""
+    data = Path(path).read_bytes()
+    if data.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
+        return data.decode("utf-16", errors="replace")
+    return data.decode("utf-8-sig", errors="replace")
 
 
 def parse_topology(text: str, source: str = "<topology>", index: int = 0) -> Topology:

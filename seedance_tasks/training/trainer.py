@@ -156,8 +156,15 @@ _METRICS_LOCK = threading.Lock()  # the main loop and finished background saves 
 
 
 def _metrics_line(path: Path, record_: dict[str, Any]) -> None:
-    with _METRICS_LOCK, path.open("a") as handle:
-        handle.write(json.dumps(record_) + "\n")
+    """Append one record as a line, synced. After a line torn by a crash (no newline at the end
+    of the file) it starts a new line, so the torn one stays alone and this record stays whole."""
+    line = json.dumps(record_) + "\n"
+    with _METRICS_LOCK, path.open("a+b") as handle:
+        if handle.seek(0, os.SEEK_END):
+            handle.seek(-1, os.SEEK_END)
+            if handle.read(1) != b"\n":
+                line = "\n" + line
+        handle.write(line.encode())
         handle.flush()
         os.fsync(handle.fileno())
 

@@ -95,3 +95,56 @@ def test_mtbf_comes_from_the_runs_history_once_it_has_one(tmp_path):
     with metrics.open("a") as handle:
         handle.write(json.dumps({"event": "finish"}) + "\n")
     assert mtbf_from_history(metrics, 7200)["failures"] == 2
+
+
+def _raw_server(answer: bytes):
+    """A loopback server that answers every request with `answer`, as bytes on the wire."""
+    import threading
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+
+    def serve() -> None:
+        while True:
+            try:
+                client, _ = server.accept()
+            except OSError:
+                return
+            with client:
+                client.recv(65536)
+                client.sendall(answer)
+
+    threading.Thread(target=serve, daemon=True).start()
+    return server, f"http://127.0.0.1:{server.getsockname()[1]}"
+
+
+@pytest.mark.parametrize("answer", [
+    b"HELLO\r\n\r\n",  # not HTTP at all
+    b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\n\xff\xfe\xfd\xfc",  # a token that is not text
+    b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\nabc\r\nX: y",  # a token that would split its header
+    b"HTTP/1.1 200 OK\r\nContent-Length: 15\r\n\r\n<html>hi</html>",  # a 200 that is no notice
+    b'HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n[]',
+])
+def test_a_malformed_imds_answer_is_never_an_interruption_and_never_kills_the_poller(answer):
+    server, endpoint = _raw_server(answer)
+    try:
+        with pytest.raises(OSError):
+            InterruptWatcher(endpoint).poll_once()
+        watcher = InterruptWatcher(endpoint, poll_interval=0.01, give_up_after=3).install()
+        try:
+            assert _wait(lambda: watcher.imds_state.startswith("unreachable"))
+            assert watcher.reason is None and watcher.notice is None
+        finally:
+            watcher.close()
+    finally:
+        server.close()
+
+
+def test_an_endpoint_that_is_not_a_url_stops_polling_instead_of_raising():
+    watcher = InterruptWatcher("169.254.169.254", poll_interval=0.01, give_up_after=2).install()
+    try:
+        assert _wait(lambda: watcher.imds_state.startswith("unreachable"))
+        assert "not an HTTP answer" in watcher.imds_state and watcher.reason is None
+    finally:
+        watcher.close()

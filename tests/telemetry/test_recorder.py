@@ -190,3 +190,66 @@ def test_launch_refuses_an_unknown_precision_or_interval_before_starting():
         launch(nproc_per_node=1, backend="gloo", steps=1, precision="fp8")
     with pytest.raises(UsageError, match="checkpoint_every must be"):
         launch(nproc_per_node=1, backend="gloo", steps=1, checkpoint_every="sometimes")
+
+
+def test_a_damaged_sample_file_or_value_is_skipped_named_and_left_in_place(tmp_path):
+    from seedance_tasks.telemetry.samples import read_sample_files, write_samples
+
+    def rows(rank, cost):
+        labels = {"run": "r", "rank": str(rank), "attempt": "0", "step": "5"}
+        return ([1.0, 1.0], ["seedance_cost_usd_total", "seedance_step"], [labels, labels], [cost, 5])
+
+    write_samples(tmp_path, "samples-r0000-a000-00001.parquet", rows(0, 1.25))
+    write_samples(tmp_path, "samples-r0001-a000-00001.parquet", rows(1, float("nan")))
+    write_samples(tmp_path, "samples-r0002-a000-00001.parquet", rows(2, -3.0))
+    (tmp_path / "samples-r0003-a000-00001.parquet").write_bytes(b"")  # a crash left it empty
+    (tmp_path / "samples-r0004-a000-00001.parquet").write_bytes(b"PAR1 cut sho")
+    summary = summarise(tmp_path, skip_damaged=True)
+    assert summary["cost"] == "1.25 USD" and summary["steps"] == 5
+    assert summary["damaged_files"] == ["samples-r0003-a000-00001.parquet", "samples-r0004-a000-00001.parquet"]
+    assert summary["rejected_values"] == 2
+    assert (tmp_path / "samples-r0003-a000-00001.parquet").exists()  # never deleted
+    assert read_sample_files(tmp_path)[0].num_rows == 6
+    with pytest.raises(ValueError):  # a reader that reports damaged files itself (the dashboard) still sees them
+        summarise(tmp_path)
+
+
+def test_the_launch_summary_names_a_damaged_sample_file_instead_of_failing(tmp_path):
+    from seedance_tasks.training.launch import _telemetry_summary
+
+    (tmp_path / "samples-r0000-a000-00001.parquet").write_bytes(b"")
+    summary = _telemetry_summary(str(tmp_path))
+    assert summary["damaged_files"] == ["samples-r0000-a000-00001.parquet"] and summary["cost"] == "0.00 USD"
+
+
+class _FlakyMeter(energy.Meter):
+    """Readings in turn: 10 J, an unreadable counter, NaN, a reset counter (2 J), 15 J."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.readings = [(10.0, 0.5), OSError("energy_uj: permission denied"), (float("nan"), float("nan")),
+                         (2.0, 7.0), (15.0, -1.0)]
+
+    def read(self, busy=None):
+        reading = self.readings.pop(0)
+        if isinstance(reading, Exception):
+            raise reading
+        return reading
+
+
+def test_a_failing_or_insane_energy_meter_never_stops_training_or_lowers_the_total(tmp_path, caplog):
+    settings = _telemetry(flush_every=100)
+    recorder = StepRecorder(settings, folder=tmp_path / "telemetry", meter=_FlakyMeter())
+    seen = []
+    for step in range(1, 6):
+        with recorder.step(step):
+            with recorder.phase("compute"):
+                pass
+        seen.append(recorder.snapshot()["totals"]["energy_joules"])
+    assert seen == [10.0, 10.0, 10.0, 10.0, 15.0]
+    totals = recorder.snapshot()["totals"]
+    assert totals["steps"] == 5 and totals["meter_errors"] == 3
+    assert 0.0 <= totals["busy_seconds"] <= totals["step_seconds"]  # utilisation kept within 0..1
+    assert sum("energy meter failed" in record.getMessage() for record in caplog.records) == 1
+    recorder.close()
+    assert summarise(tmp_path / "telemetry")["energy_joules"] == 15.0

@@ -67,3 +67,20 @@ def test_plan_task_from_a_topology_file(tmp_path):
     assert planned["profile"] == "ib-multi-node" and planned["backend"] == "nccl"
     assert planned["env"]["NCCL_IB_HCA"].startswith("=mlx5_0,mlx5_1")
     assert planned["run"] == "dag-manual__2026-11-29T10-00-00-00-00"
+
+
+@pytest.mark.parametrize("run", ["../../escaped", "/tmp/elsewhere", ".hidden", "a/b"])
+def test_a_run_that_is_not_one_path_component_is_refused_before_its_log_folder_is_made(tmp_path, run):
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from seedance_tasks.errors import UsageError
+    from seedance_tasks.training.airflow_tasks import plan_task
+    from seedance_tasks.training.launch import launch
+
+    base = tmp_path / "a" / "logs"
+    with pytest.raises(AirflowFailException, match="bad run name"):
+        plan_task({"run": run, "checkpoint_store": str(tmp_path / "store"), "log_dir": str(base)}, "manual__1")
+    with pytest.raises(UsageError, match="bad run name"):
+        launch(nproc_per_node=1, backend="gloo", steps=1, checkpoint_store=str(tmp_path / "store"), run=run,
+               log_dir=base / "x")
+    assert not (tmp_path / "escaped").exists() and not base.exists()

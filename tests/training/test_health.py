@@ -324,3 +324,74 @@ def test_only_the_exact_srun_label_is_taken_off_a_line():
     lines = ["0: 12: kept", "  7: x", "12:34:56 NCCL INFO a", "node1: NCCL INFO b", "0:node1:1:1 [0] NCCL INFO c",
              "\t0: tab", "x0: y", "0:  two spaces"]
     assert health._lines("\n".join(lines)) == ["12: kept", "x", *lines[2:7], " two spaces"]
+
+
+@pytest.mark.parametrize("line, rank, seq", [
+    # PyTorch 1.8-1.10: no SeqNum
+    ("[Rank 0] Watchdog caught collective operation timeout: WorkNCCL(OpType=ALLREDUCE, Timeout(ms)=1800000) "
+     "ran for 1800493 milliseconds before timing out.", 0, None),
+    # the process group's prefix in front of the rank
+    ("[rank1]:[E626 06:24:44.903 ProcessGroupNCCL.cpp:616] [PG ID 0 PG GUID 0(default_pg) Rank 1] Watchdog caught "
+     "collective operation timeout: WorkNCCL(SeqNum=808, OpType=ALLREDUCE, NumelIn=98, NumelOut=98, "
+     "Timeout(ms)=600000) ran for 600020 milliseconds before timing out.", 1, 808),
+    # no rank in the message at all
+    ("[E202 12:25:57.436 ProcessGroupNCCL.cpp:697] Watchdog caught collective operation timeout: "
+     "WorkNCCL(SeqNum=12, OpType=COALESCED, NumelIn=10, NumelOut=20, Timeout(ms)=600000) ran for 600000 "
+     "milliseconds before timing out.", None, 12),
+])
+def test_watchdog_timeouts_in_other_pytorch_wordings_fail_the_verdict(tmp_path, line, rank, seq):
+    r = health.report(line + "\n")
+    budget = 600000 if seq else 1800000
+    assert [(item["rank"], item["seq"], item["timeout_ms"]) for item in r["timeouts"]] == [(rank, seq, budget)]
+    assert r["verdict"]["status"] == "failed" and "watchdog timeout" in r["verdict"]["cause"]
+    (tmp_path / "job.log").write_text(line + "\n")
+    shown = CliRunner().invoke(app, ["train", "health", str(tmp_path / "job.log")])
+    assert shown.exit_code == 0 and "watchdog timeouts" in shown.output and "None" not in shown.output
+
+
+OLD_NCCL_TESTS = """\
+# nThread 1 nGpus 8 minBytes 8 maxBytes 1073741824 step: 2(factor) warmup iters: 5 iters: 20 validation: 1
+#
+#                                                     out-of-place                       in-place
+#       size         count    type   redop     time   algbw   busbw  error     time   algbw   busbw  error
+#        (B)    (elements)                     (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)
+           8             2   float     sum    37.35    0.00    0.00  0e+00    36.51    0.00    0.00  0e+00
+  1073741824     268435456   float     sum    12345   86.97  152.20  5e-07    12340   87.01  152.27  5e-07
+# Out of bounds values : {oob}
+# Avg bus bandwidth    : 76.1
+"""
+
+
+def test_an_older_nccl_tests_table_without_root_and_with_an_error_column_is_read_by_its_header():
+    r = health.report(OLD_NCCL_TESTS.format(oob="0 OK"), expected_busbw=160)
+    assert [row["busbw"] for row in r["bandwidth"]["rows"]] == [0.0, 152.2]
+    assert r["bandwidth"]["peak_busbw"] == 152.27 and r["bandwidth"]["ranks"] == 8
+    assert r["verdict"]["status"] == "ok"  # a max error of 5e-07 in float sums is rounding, not a wrong result
+    bad = health.report(OLD_NCCL_TESTS.format(oob="3 FAILED"), expected_busbw=160)
+    assert bad["verdict"]["status"] == "failed" and "3 out-of-bounds" in bad["verdict"]["cause"]
+
+
+def test_a_table_header_names_a_broadcast_root_and_in_place_columns_are_not_mixed_up():
+    table = ("#  size  count  type  root  time  algbw  busbw  #wrong  time  algbw  busbw  #wrong\n"
+             "  1073741824  268435456  float  0  5000.0  214.7  214.7  0  4000.0  268.4  268.4  1\n"
+             "  2147483648  536870912  float  0  9000.0  238.6  238.6  0\n")
+    rows = health.parse_nccl_tests(table)["rows"]
+    assert rows[0]["root"] == 0 and rows[0]["redop"] == "none"
+    assert rows[0]["out_of_place"]["busbw"] == 214.7 and rows[0]["in_place"]["busbw"] == 268.4
+    assert "in_place" not in rows[1] and health.parse_nccl_tests(table)["wrong"] == 1
+
+
+def test_init_complete_lines_that_name_the_init_call_are_counted():
+    text = ("h:1:2 [3] NCCL INFO ncclCommInitRankConfig comm 0x55d5a0 rank 3 nranks 8 cudaDev 3 nvmlDev 3 "
+            "busId 5a000 commId 0x1234 - Init COMPLETE\n")
+    r = health.report(text)
+    assert r["init_complete"] == 1 and r["comms"] == {"3": {"nranks": 8}}
+
+
+def test_two_ranks_timeouts_written_into_one_line_are_both_read_and_a_cut_one_is_not_misread():
+    one = ("[Rank {rank}] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=808, OpType=ALLREDUCE, "
+           "NumelIn=9, NumelOut=9, Timeout(ms)=600000) ran for 60002{rank} milliseconds before timing out.")
+    glued = one.format(rank=1) + "[rank0]:" + one.format(rank=0)
+    assert [(t["rank"], t["ran_ms"]) for t in health.report(glued + "\n")["timeouts"]] == [(1, 600021), (0, 600020)]
+    cut = one.format(rank=1)[:110] + one.format(rank=0)  # rank 1's message cut short by rank 0's
+    assert [(t["rank"], t["ran_ms"]) for t in health.report(cut + "\n")["timeouts"]] == [(0, 600020)]

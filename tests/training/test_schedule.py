@@ -99,3 +99,47 @@ def test_cli_schedule_prints_the_warning():
     result = CliRunner().invoke(app, ["train", "schedule", "--world-size", "100000", "--steps", "4", "--json"])
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["warnings"][0].startswith("world size 100000")
+
+
+@pytest.mark.parametrize("override, key", [
+    ({"micro_batch": 0}, "micro_batch"), ({"micro_batch": 2.5}, "micro_batch"), ({"peak_batch": -4}, "peak_batch"),
+    ({"base_lr": math.nan}, "base_lr"), ({"base_lr": math.inf}, "base_lr"), ({"lr_scaling": "cubic"}, "lr_scaling"),
+    ({"warmup_steps": "many"}, "warmup_steps"), ({"micro_bacth": 4}, "micro_bacth"),
+])
+def test_schedule_overrides_are_validated_as_the_settings_are(override, key):
+    from seedance_tasks.config import load_settings
+    from seedance_tasks.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=f"'{key}'") as caught:
+        RunSchedule.from_settings(load_settings().training.schedule, 10, **override)
+    assert caught.value.hint
+
+
+def test_an_infinite_learning_rate_or_loss_scale_in_the_settings_is_refused(tmp_path):
+    from seedance_tasks.config import load_settings
+    from seedance_tasks.errors import ConfigError
+
+    path = tmp_path / "seedance.yaml"
+    path.write_text("training:\n  loss_scale_init: .inf\n  schedule:\n    base_lr: .inf\n"
+                    "telemetry:\n  energy:\n    gpu_tdp_watts: .inf\n")
+    with pytest.raises(ConfigError) as caught:
+        load_settings(path, environ={})
+    for key in ("training.schedule.base_lr", "training.loss_scale_init", "telemetry.energy.gpu_tdp_watts"):
+        assert f"'{key}'" in caught.value.message
+
+
+def test_a_warmup_and_decay_longer_than_the_run_is_warned_about():
+    assert schedule.overlap_warning(make()) is None  # 8 + 4 of 20 steps
+    short = make(total_steps=10)
+    batches = [schedule.target_batch(step, short) for step in range(10)]
+    assert max(batches) < 256  # never reaches the peak
+    warning = schedule.overlap_warning(short)
+    assert "warmup_steps 8 + decay_steps 4 is more than the 10 steps" in warning
+    import json
+
+    from typer.testing import CliRunner
+
+    from seedance_tasks.cli import app
+
+    result = CliRunner().invoke(app, ["train", "schedule", "--steps", "5", "--json"])  # default warmup is 10
+    assert result.exit_code == 0 and any("more than the 5 steps" in text for text in json.loads(result.stdout)["warnings"])

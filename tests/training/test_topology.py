@@ -275,3 +275,27 @@ def test_numa_affinity_n_a_and_ranges_are_kept_not_refused():
     assert na.numa["GPU0"] is None and na.numa_affinity["GPU0"] is None and na.multi_numa_gpus() == []
     assert load(A100).numa_affinity == {gpu: [0] if int(gpu[3]) < 4 else [1] for gpu in GPUS8}
     assert load(A100).source == A100
+
+
+@pytest.mark.parametrize("encode", [
+    lambda text: "\ufeff".encode() + text.encode(),  # a UTF-8 byte-order mark (Windows editors)
+    lambda text: text.encode("utf-16"),  # Windows PowerShell's `nvidia-smi topo -m > FILE`
+    lambda text: "\n".join(f"\x1b[32m{line}\x1b[0m" for line in text.splitlines()).encode(),  # colour codes
+    lambda text: text.replace("\n", "\r\n").encode(),
+])
+@pytest.mark.parametrize("name", ["h100_8gpu_nv18_6nic_niclegend_empty_affinity_della.txt",
+                                  "h100_8gpu_nv18_2numa_ht_affinity_spaces.txt"])
+def test_a_saved_matrix_with_a_bom_utf16_colour_codes_or_crlf_parses_as_printed(tmp_path, name, encode):
+    import json
+
+    from typer.testing import CliRunner
+
+    from seedance_tasks.cli import app
+    from seedance_tasks.training.topology import read_topology_file
+
+    path = tmp_path / name
+    path.write_bytes(encode((TOPO / name).read_text()))
+    assert parse_topology(read_topology_file(path), name).to_dict() == load(name).to_dict()
+    shown = CliRunner().invoke(app, ["train", "plan", "--topology", str(path), "--json"])
+    assert shown.exit_code == 0, shown.output
+    assert json.loads(shown.stdout)["gpus"] == GPUS8
