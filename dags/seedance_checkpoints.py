@@ -1,7 +1,7 @@
 """Checkpoints: raw checkpoints dropped into an inbox are delta-compressed into the checkpoint store.
 
 Wiring only; the work is in `seedance_tasks.checkpoint`. Trainers drop
-`INBOX/<run>/step-<N>.pt|.pth|.safetensors` (and may emit an event on the
+`INBOX/<run>/step-<N>.pt|.pth|.ckpt|.safetensors` (and may emit an event on the
 `seedance_checkpoint_inbox` asset: docs/checkpoints.md shows the REST call); this DAG runs on
 that event or hourly, and is skipped, with the reason, while no inbox and store are configured. Each ready file is a
 mapped task: compress (delta against the run's previous checkpoint where it pays, byte-grouped

@@ -21,7 +21,7 @@ def _size(num: int) -> str:
 @app.command("put")
 @handle_errors
 def put(
-    src: str = typer.Argument(..., help="raw checkpoint: .pt/.pth (weights only) or .safetensors"),
+    src: str = typer.Argument(..., help="raw checkpoint: .pt/.pth/.ckpt (weights only) or .safetensors"),
     store: str = STORE_OPTION,
     run: str = RUN_OPTION,
     step: int = typer.Option(..., "--step", min=0, help="training step of this checkpoint"),

@@ -1,4 +1,5 @@
-"""Raw checkpoint files in and out: `.pt`/`.pth` (torch, weights only) and `.safetensors`.
+"""Raw checkpoint files in and out: `.pt`/`.pth`/`.ckpt` (torch, weights only; `.ckpt` is what
+PyTorch Lightning writes with torch.save) and `.safetensors`.
 
 Reading never unpickles arbitrary objects: `.pt` goes through `torch.load(weights_only=True)`,
 whose restricted unpickler refuses any global it does not know (e.g. `os.system`) before calling
@@ -19,7 +20,7 @@ from typing import Any
 
 from seedance_tasks.errors import InputError, IntegrityError, RefusedError, UsageError
 
-PT_SUFFIXES = (".pt", ".pth")
+PT_SUFFIXES = (".pt", ".pth", ".ckpt")
 SAFETENSORS_SUFFIX = ".safetensors"
 TREE_KEY = "seedance.tree"
 
@@ -31,7 +32,7 @@ def file_format(path: str | os.PathLike) -> str:
         return "pt"
     if suffix == SAFETENSORS_SUFFIX:
         return "safetensors"
-    raise UsageError(f"{path}: unknown checkpoint format {suffix!r}", hint="use a .pt, .pth or .safetensors file")
+    raise UsageError(f"{path}: unknown checkpoint format {suffix!r}", hint="use a .pt, .pth, .ckpt or .safetensors file")
 
 
 def read_checkpoint(path: str | os.PathLike) -> Any:

@@ -1,4 +1,4 @@
-"""The inbox: raw checkpoints trainers drop as `INBOX/<run>/step-<N>.pt|.pth|.safetensors`.
+"""The inbox: raw checkpoints trainers drop as `INBOX/<run>/step-<N>.pt|.pth|.ckpt|.safetensors`.
 
 `scan` lists what is ready (not hidden, older than `inbox_min_age`, the step named in the file
 name by an explicit step marker, see `parse_name`; `step-000120.pt` -> 120). A file whose name
@@ -29,12 +29,13 @@ from datetime import UTC, datetime
 from typing import Any
 
 from seedance_tasks import journal, lease, storage
+from seedance_tasks.checkpoint.files import PT_SUFFIXES, SAFETENSORS_SUFFIX
 from seedance_tasks.errors import InputError, RefusedError, UsageError
 
 KIND = "ckpt-ingest"
 log = logging.getLogger(__name__)
 
-SUFFIXES = (".pt", ".pth", ".safetensors")
+SUFFIXES = (*PT_SUFFIXES, SAFETENSORS_SUFFIX)
 MAX_STEP_DIGITS = 18  # a step of up to 18 digits fits an int64 everywhere it goes
 # A step marker: a whole token (not inside a word) `step` / `global_step` (DeepSpeed's
 # `global_step1000`) followed by `-`, `_`, `=` (Lightning's `epoch=3-step=1000`), a space or
@@ -48,12 +49,12 @@ STEP_FORMS = "step-N, step_N, stepN, step=N, global_stepN, checkpoint-N"
 _HINT = "rename it to INBOX/<run>/step-<N>.pt (N: the training step it was saved at)"
 _LAYOUT_HINT = "move it to INBOX/<run>/step-<N>.pt, or out of the inbox (one file per checkpoint: a folder such " \
     "as HF's checkpoint-<N>/ is not taken; export it with torch.save or safetensors)"
-_SUFFIX_HINT = "checkpoints are .pt/.pth (torch.save) or .safetensors files: rename it to INBOX/<run>/step-<N>.pt " \
+_SUFFIX_HINT = "checkpoints are .pt/.pth/.ckpt (torch.save) or .safetensors files: rename it to INBOX/<run>/step-<N>.pt " \
     "if it is one, or move it out of the inbox"
 
 
 def parse_name(relative: str) -> tuple[str, int] | None:
-    """(run, step) of an inbox file `run/<name>.pt|.pth|.safetensors` whose name carries exactly one
+    """(run, step) of an inbox file `run/<name>.pt|.pth|.ckpt|.safetensors` whose name carries exactly one
     step (one or more step markers, all the same number: see `_STEP_MARKER`); None otherwise
     (`name_problem` says why). Never guesses a step from other numbers in the name."""
     return _parse(relative)[0]
@@ -72,7 +73,7 @@ def _parse(relative: str) -> tuple[tuple[str, int] | None, str | None, str | Non
     name = parts[1]
     suffix = next((suffix for suffix in SUFFIXES if name.lower().endswith(suffix)), None)
     if suffix is None:
-        return None, "not a .pt, .pth or .safetensors file", _SUFFIX_HINT
+        return None, "not a .pt, .pth, .ckpt or .safetensors file", _SUFFIX_HINT
     steps = [match.group(1) for match in _STEP_MARKER.finditer(name[: -len(suffix)])]
     if not steps:
         return None, f"no step marker in the name ({STEP_FORMS}); other numbers in it are not taken as the step", _HINT

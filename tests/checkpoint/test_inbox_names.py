@@ -34,6 +34,7 @@ from seedance_tasks.checkpoint import store as ckstore
     ("global_step1000.pt", 1000),
     ("global_step1000_mp_rank_00_model_states.pt", 1000),
     ("step-500-global_step500.pt", 500),  # two markers, one step
+    ("epoch=3-step=1000.ckpt", 1000),  # PyTorch Lightning's ModelCheckpoint
 ])
 def test_the_step_comes_from_the_step_marker_only(name, step):
     assert ingest.parse_name(f"gpt/{name}") == ("gpt", step)
@@ -52,7 +53,7 @@ def test_the_step_comes_from_the_step_marker_only(name, step):
     ("step-500-step-600.pt", "2 different steps (500, 600)"),
     ("epoch=3-step=1000-global_step999.pt", "2 different steps (999, 1000)"),
     ("step-" + "9" * 19 + ".pt", "more than 18 digits"),
-    ("epoch=3-step=1000.ckpt", "not a .pt, .pth or .safetensors file"),
+    ("epoch=3-step=1000.bin", "not a .pt, .pth, .ckpt or .safetensors file"),
 ])
 def test_a_name_without_one_step_is_not_taken(name, problem):
     assert ingest.parse_name(f"gpt/{name}") is None
@@ -89,3 +90,32 @@ def test_scan_skips_misnamed_files_with_a_warning_and_stores_the_marked_step(tmp
     assert sorted(os.listdir(store / "gpt")) == ["step-500"]
     assert checkpoint.load(str(store), "gpt", 500)["w"][0].item() == 500.0
     assert (inbox / "gpt" / "model-93.pt").exists() and (inbox / "gpt" / "step-1-step-2.pt").exists()  # left alone
+
+
+class _HyperParameters(dict):
+    """Stands in for Lightning's AttributeDict: a class torch's weights-only loader does not know."""
+
+
+def test_a_lightning_ckpt_is_stored_under_its_step_and_one_needing_unpickling_is_quarantined(tmp_path):
+    ckstore._CACHE.clear()
+    inbox, store = tmp_path / "inbox", tmp_path / "store"
+    weights = {"layer.weight": torch.arange(12.0).reshape(3, 4), "layer.bias": torch.ones(3)}
+    lightning = {"epoch": 3, "global_step": 1000, "pytorch-lightning_version": "2.5.0", "state_dict": weights,
+                 "optimizer_states": [{"state": {}, "param_groups": [{"lr": 0.001, "params": [0, 1]}]}],
+                 "lr_schedulers": [], "hyper_parameters": {"lr": 0.001, "layers": 4}}
+    _drop(inbox / "gpt" / "epoch=3-step=1000.ckpt", lightning)
+    _drop(inbox / "gpt" / "epoch=4-step=1250.ckpt", {**lightning, "hyper_parameters": _HyperParameters(lr=0.1)})
+    found = ingest.scan(str(inbox), 60)
+    assert [(item["path"], item["step"]) for item in found["ready"]] == [
+        ("gpt/epoch=3-step=1000.ckpt", 1000), ("gpt/epoch=4-step=1250.ckpt", 1250)]
+
+    stored = ingest.ingest_one(found["ready"][0], str(inbox), str(store), _settings())
+    assert (stored["status"], stored["step"]) == ("stored", 1000)
+    restored = checkpoint.load(str(store), "gpt", 1000)
+    assert torch.equal(restored["state_dict"]["layer.weight"], weights["layer.weight"])
+    assert restored["hyper_parameters"] == {"lr": 0.001, "layers": 4} and restored["global_step"] == 1000
+
+    refused = ingest.ingest_one(found["ready"][1], str(inbox), str(store), _settings())
+    assert refused["status"] == "quarantined" and "arbitrary unpickling" in refused["reason"]
+    assert not (inbox / "gpt" / "epoch=4-step=1250.ckpt").exists()
+    assert list((inbox / "_seedance" / "quarantine").rglob("epoch=4-step=1250.ckpt"))  # kept, not deleted
