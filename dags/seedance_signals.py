@@ -1,8 +1,9 @@
 """Cost signals: the nightly early-warning audit of the red lines, each signal wired to its fix.
 
-Wiring only; the work is in `seedance_tasks.signals`. Each night (or a backfilled past night:
-the logical date is the night audited) every rule runs as one mapped task, then the night's
-findings are merged with the previous night's and written under `signals.root/nights/<date>/`
+Wiring only; the work is in `seedance_tasks.signals`. Each night at 04:30 UTC the day before is
+audited, whole (the run's data interval starts at 04:30 that day, so its logical date is that
+day; a backfilled day likewise; a run triggered without a date audits the day before the
+trigger): every rule runs as one mapped task, then the night's findings are merged with the previous night's and written under `signals.root/nights/<date>/`
 (JSON, Parquet, HTML). New or escalated findings are announced once (e-mail, webhook), and the
 fixes of `small-files` and `checkpoint-bloat` are triggered through Asset events whose extra names
 the targets (dry runs unless `signals.apply`). Re-running a night writes the same outputs and
@@ -12,7 +13,7 @@ sends nothing twice. A rule whose inputs are not configured is reported `skipped
 from __future__ import annotations
 
 import pendulum
-from airflow.sdk import Param, dag, task
+from airflow.sdk import CronDataIntervalTimetable, Param, dag, task
 
 from seedance_tasks.dag_support import DEFAULT_ARGS, mapped_results, tags
 from seedance_tasks.signals.assets import CHECKPOINT_BLOAT, SMALL_FILES
@@ -20,7 +21,7 @@ from seedance_tasks.signals.assets import CHECKPOINT_BLOAT, SMALL_FILES
 
 @dag(
     dag_id="seedance_signals",
-    schedule="30 4 * * *",
+    schedule=CronDataIntervalTimetable("30 4 * * *", timezone="UTC"),
     start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
     catchup=False,
     max_active_runs=1,
@@ -29,7 +30,8 @@ from seedance_tasks.signals.assets import CHECKPOINT_BLOAT, SMALL_FILES
     doc_md=__doc__,
     params={
         "date": Param(None, type=["null", "string"], format="date", title="Night",
-                      description="Night to audit (YYYY-MM-DD); empty: the run's logical date.", section="Run"),
+                      description="Day to audit (YYYY-MM-DD); empty: the day before the run (a whole day).",
+                      section="Run"),
         "billing": Param(None, type=["null", "string"], title="Billing (FOCUS)",
                          description="FOCUS file or folder; empty: signals.billing_uri.", section="Inputs"),
         "lakes": Param([], type="array", title="Dataset roots",

@@ -15,6 +15,7 @@ notifier classes are in `seedance_tasks.airflow_notifiers`.
 from __future__ import annotations
 
 import html
+import http.client
 import json
 import os
 import re
@@ -157,7 +158,7 @@ def post_webhook(url: str, text: str, *, name: str = "webhook", timeout: float =
     except urllib.error.HTTPError as exc:
         raise UnavailableError(f"webhook {name}: HTTP {exc.code} {exc.reason}",
                                hint="check the webhook URL kept there") from None
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, http.client.HTTPException) as exc:  # InvalidURL's message quotes the URL: not shown
         reason = getattr(exc, "reason", None) or type(exc).__name__
         raise UnavailableError(f"webhook {name} unreachable: {reason}", hint="check the webhook URL kept there") from None
 

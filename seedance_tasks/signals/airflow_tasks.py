@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import date
+from datetime import date, timedelta
 from typing import Any
 
 from seedance_tasks.dag_support import fail_fast
@@ -17,6 +17,9 @@ def _settings():
 
 
 def _day(params: dict, logical_date) -> date:
+    """The day audited: the `date` param; else the run's logical date (a scheduled run's data
+    interval starts at 04:30 the day before it runs, so it audits that day, complete by then);
+    else, for a run triggered without one, the day before it was triggered (the last whole day)."""
     from seedance_tasks.signals.sources import parse_day
 
     if params.get("date"):
@@ -24,7 +27,7 @@ def _day(params: dict, logical_date) -> date:
     if logical_date is None:
         from airflow.sdk import get_current_context
 
-        logical_date = get_current_context()["dag_run"].run_after
+        return (get_current_context()["dag_run"].run_after - timedelta(days=1)).date()
     return logical_date.date()
 
 
@@ -57,15 +60,33 @@ def prepare_task(params: dict, logical_date=None) -> dict[str, Any]:
     return {"date": _day(params, logical_date).isoformat(), "rules": list(RULES)}
 
 
+def _retries_left() -> bool:
+    """Whether Airflow runs this task again if it fails now (False outside an Airflow task)."""
+    try:
+        from airflow.sdk import get_current_context
+
+        instance = get_current_context()["ti"]
+    except (ImportError, RuntimeError, KeyError):
+        return False
+    return instance.try_number <= instance.max_tries
+
+
 @fail_fast
 def evaluate_task(rule_id: str, night: dict, params: dict) -> dict[str, Any]:
     """Evaluate one rule; its result is written to `<root>/nights/<date>/rules/<id>.json` (same
-    content on a re-run) and summarised in XCom."""
+    content on a re-run) and summarised in XCom. A rule that failed for a transient reason (a
+    source down) fails the task while Airflow has retries left; after the last, it is recorded
+    failed and the night is published without it."""
     from seedance_tasks import storage
     from seedance_tasks.signals.audit import NIGHTS, evaluate_rule
 
     day = date.fromisoformat(night["date"])
     result = evaluate_rule(rule_id, day, _inputs(params))
+    if (error := result.get("error")) and error.get("retryable") and _retries_left():
+        from seedance_tasks.errors import UnavailableError
+
+        raise UnavailableError(error["message"], hint=f"{error.get('hint') or 'check the source'}; Airflow "
+                               "retries this rule, and after its last try the night is published with it failed")
     root = _root(params)
     folder = root.child(NIGHTS, night["date"], RULES_DIR)
     folder.fs.create_dir(folder.path, recursive=True)
@@ -78,7 +99,7 @@ def evaluate_task(rule_id: str, night: dict, params: dict) -> dict[str, Any]:
 def publish_task(night: dict, params: dict) -> dict[str, Any]:
     """Merge the rules' results with the previous night's findings and write the night's outputs."""
     from seedance_tasks import storage
-    from seedance_tasks.signals.audit import NIGHTS, merge, previous_night, write_night
+    from seedance_tasks.signals.audit import NIGHTS, failure_warnings, merge, previous_night, write_night
     from seedance_tasks.signals.registry import RULES
 
     root = _root(params)
@@ -86,7 +107,9 @@ def publish_task(night: dict, params: dict) -> dict[str, Any]:
     folder = root.child(NIGHTS, night["date"], RULES_DIR)
     results = [storage.read_json(folder.fs, folder.join(f"{rule_id}.json")) for rule_id in RULES
                if storage.is_file(folder.fs, folder.join(f"{rule_id}.json"))]
-    document = merge(day, results, previous_night(root, day))
+    history: list[str] = []
+    document = merge(day, results, previous_night(root, day, history), history)
+    document["warnings"] = failure_warnings(document) + history
     outputs = write_night(root, document)
     return {"date": night["date"], "outputs": outputs,
             "fired": [s["id"] for s in document["signals"] if s["fired"]],

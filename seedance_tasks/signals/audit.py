@@ -16,7 +16,7 @@ from typing import Any
 
 from seedance_tasks import storage
 from seedance_tasks.cost.money import display
-from seedance_tasks.errors import UsageError
+from seedance_tasks.errors import InputError, UsageError
 from seedance_tasks.signals.model import SEVERITIES, Finding, Skipped
 from seedance_tasks.signals.registry import RULES
 from seedance_tasks.signals.sources import Inputs
@@ -25,7 +25,10 @@ NIGHTS = "nights"
 
 
 def evaluate_rule(rule_id: str, day: date, inputs: Inputs) -> dict[str, Any]:
-    """`{"id", "fired", "findings"}` of one rule for `day`, or with `"skipped": reason`."""
+    """`{"id", "fired", "findings"}` of one rule for `day`, or with `"skipped": reason`. A rule that
+    raises (an unreadable source, a server error, a bug) never stops the others: it is skipped as
+    `failed: <message>` with `"error": {"message", "hint", "retryable", "exit_code"}`, its open
+    findings kept."""
     rule = RULES.get(rule_id)
     if rule is None:
         raise UsageError(f"unknown signal {rule_id!r}", hint="`seedance signals list` shows them")
@@ -33,10 +36,29 @@ def evaluate_rule(rule_id: str, day: date, inputs: Inputs) -> dict[str, Any]:
         findings = rule.evaluate(day, inputs)
     except Skipped as why:
         return {"id": rule_id, "fired": False, "findings": [], "skipped": str(why)}
+    except Exception as exc:  # one rule's failure is reported, the other rules still run
+        from seedance_tasks.boundary import classify, debug_enabled
+
+        if debug_enabled():
+            raise  # --debug asks for the traceback
+        error = classify(exc)
+        return {"id": rule_id, "fired": False, "findings": [], "skipped": f"failed: {error.message}",
+                "error": {"message": error.message, "hint": error.hint, "retryable": error.retryable,
+                          "exit_code": error.exit_code}}
     for finding in findings:
         finding.first_seen = finding.last_seen = day.isoformat()
     findings.sort(key=lambda item: item.key)
-    return {"id": rule_id, "fired": bool(findings), "findings": [item.to_json() for item in findings]}
+    notes = inputs.notes(rule)
+    return {"id": rule_id, "fired": bool(findings), "findings": [item.to_json() for item in findings],
+            **({"warnings": notes} if notes else {})}
+
+
+def _is_night(name: str) -> bool:
+    """True for a folder named as a night (YYYY-MM-DD), not a copy or a stray folder beside them."""
+    try:
+        return date.fromisoformat(name).isoformat() == name
+    except ValueError:
+        return False
 
 
 def _nights(root: storage.Location) -> list[str]:
@@ -44,26 +66,81 @@ def _nights(root: storage.Location) -> list[str]:
 
     base = root.child(NIGHTS)
     selector = pafs.FileSelector(base.path, recursive=False, allow_not_found=True)
-    return sorted(info.base_name for info in base.fs.get_file_info(selector) if info.type == pafs.FileType.Directory)
+    return sorted(info.base_name for info in base.fs.get_file_info(selector)
+                  if info.type == pafs.FileType.Directory and _is_night(info.base_name))
 
 
-def previous_night(root: storage.Location | None, day: date) -> dict[str, Any] | None:
-    """The findings document of the nearest night before `day` under `root`, or None."""
+def read_night(root: storage.Location, name: str) -> dict[str, Any]:
+    """The findings document of night `name` under `root`; InputError naming the file when it is
+    not one (damaged, truncated, or not a night's document)."""
+    path = root.join(NIGHTS, name, "findings.json")
+    try:
+        document = storage.read_json(root.fs, path)
+    except (ValueError, UnicodeDecodeError) as exc:  # JSONDecodeError is a ValueError
+        raise InputError(f"{root.uri_of(path)}: unreadable night document ({str(exc)[:200]})",
+                         hint="restore it from a backup, or move it aside and re-run that night") from None
+    if not isinstance(document, dict) or not isinstance(document.get("signals"), list):
+        raise InputError(f"{root.uri_of(path)}: not a night's findings document (no list of signals)",
+                         hint="restore it from a backup, or move it aside and re-run that night")
+    return document
+
+
+def _is_day(text: Any) -> bool:
+    return isinstance(text, str) and _is_night(text)
+
+
+def document_findings(document: dict[str, Any]) -> tuple[list[dict[str, Any]], int]:
+    """The well-formed open findings of a night's document (read back: untrusted), each as
+    `Finding.to_json` writes it, and how many malformed ones were left out (missing fields, an
+    unknown severity, an amount or a date that is not one)."""
+    kept, dropped = [], 0
+    for signal in document.get("signals") or []:
+        for data in (signal.get("findings") if isinstance(signal, dict) else None) or []:
+            try:
+                finding = Finding.from_json(data)
+                well_formed = (isinstance(finding.signal, str) and isinstance(finding.key, str)
+                               and finding.severity in SEVERITIES and isinstance(finding.evidence, dict)
+                               and _is_day(finding.first_seen) and _is_day(finding.last_seen)
+                               and finding.at_stake.is_finite())
+            except (TypeError, ValueError, ArithmeticError, AttributeError):
+                well_formed = False
+            if well_formed:
+                kept.append(finding.to_json())
+            else:
+                dropped += 1
+    return kept, dropped
+
+
+def previous_night(root: storage.Location | None, day: date, warnings: list[str] | None = None
+                   ) -> dict[str, Any] | None:
+    """The findings document of the nearest night before `day` under `root`, or None. A damaged
+    document is passed over for the night before it, with a line in `warnings` naming it."""
     if root is None:
         return None
     earlier = [name for name in _nights(root) if name < day.isoformat()]
     for name in reversed(earlier):
-        path = root.join(NIGHTS, name, "findings.json")
-        if storage.is_file(root.fs, path):
-            return storage.read_json(root.fs, path)
+        if not storage.is_file(root.fs, root.join(NIGHTS, name, "findings.json")):
+            continue
+        try:
+            return read_night(root, name)
+        except InputError as exc:
+            if warnings is not None:
+                warnings.append(f"{exc.message}: passed over, the findings of the night before it are carried on"
+                                f"\n  hint: {exc.hint}")
     return None
 
 
-def merge(day: date, results: list[dict[str, Any]], previous: dict[str, Any] | None) -> dict[str, Any]:
+def merge(day: date, results: list[dict[str, Any]], previous: dict[str, Any] | None,
+          warnings: list[str] | None = None) -> dict[str, Any]:
     """The night's document: every rule in registry order, each finding marked new, persisting or
     escalated (first_seen from the previous night), and `resolved` the previous night's open
-    findings that are gone (their rule ran and stayed silent)."""
-    before = {f["id"]: f for signal in (previous or {}).get("signals", []) for f in signal["findings"]}
+    findings that are gone (their rule ran and stayed silent). Malformed findings of `previous`
+    are left out, counted in `warnings`."""
+    found, dropped = document_findings(previous) if isinstance(previous, dict) else ([], 0)
+    if dropped and warnings is not None:
+        warnings.append(f"{dropped:,} malformed finding(s) of the night of {str(previous.get('date'))[:10]} left out "
+                        "(missing fields, unknown severity or date): they are not carried on")
+    before = {f["id"]: f for f in found}
     by_id = {result["id"]: result for result in results}
     signals, resolved = [], []
     for rule_id in RULES:
@@ -97,15 +174,34 @@ def run_audit(day: date, inputs: Inputs, out: str | None = None) -> dict[str, An
     which billing rows the rules could not use, and `billing_skipped` why the billing rules were
     skipped (no source configured, or a source present but leaving no line), null when they ran."""
     root = storage.resolve(out) if out else None
-    night = merge(day, [evaluate_rule(rule_id, day, inputs) for rule_id in RULES], previous_night(root, day))
+    results = [evaluate_rule(rule_id, day, inputs) for rule_id in RULES]
+    history: list[str] = []
+    night = merge(day, results, previous_night(root, day, history), history)
     problems = inputs.billing_problems
-    night["warnings"] = problems.warnings(inputs.billing_uri) if problems else []
+    night["warnings"] = (problems.warnings(inputs.billing_uri) if problems else []) + failure_warnings(night) + history
     night["billing_skipped"] = inputs.billing_skipped
     if problems:
         night["billing"] = problems.to_json()
     if root is not None:
         night["outputs"] = write_night(root, night)
     return night
+
+
+def failure_warnings(night: dict[str, Any]) -> list[str]:
+    """One line per failure of the rules of `night` (the rules that failed with the same message
+    together, its hint when it has one), and what a rule's inputs left out (`Inputs.notes`)."""
+    failed: dict[tuple[str, str | None], list[str]] = {}
+    notes = []
+    for signal in night["signals"]:
+        error = signal.get("error")
+        if error:
+            failed.setdefault((error["message"], error.get("hint")), []).append(signal["id"])
+        notes += [f"signal {signal['id']}: {note}" for note in signal.get("warnings", [])]
+    out = []
+    for (message, hint), ids in failed.items():
+        which = f"signal {ids[0]}" if len(ids) == 1 else f"signals {', '.join(ids)}"
+        out.append(f"{which} failed, the other signals ran: {message}" + (f"\n  hint: {hint}" if hint else ""))
+    return out + notes
 
 
 def night_findings(night: dict[str, Any]) -> list[dict[str, Any]]:
@@ -118,9 +214,12 @@ def open_findings(root: str) -> list[Finding]:
     most money at stake first; [] when no night has been written there yet. For the dashboard."""
     location = storage.resolve(root)
     for name in reversed(_nights(location)):
-        path = location.join(NIGHTS, name, "findings.json")
-        if storage.is_file(location.fs, path):
-            found = [Finding.from_json(data) for data in night_findings(storage.read_json(location.fs, path))]
+        if storage.is_file(location.fs, location.join(NIGHTS, name, "findings.json")):
+            try:
+                document = read_night(location, name)
+            except InputError:  # damaged: the night before it is the latest readable
+                continue
+            found = [Finding.from_json(data) for data in document_findings(document)[0]]
             return sorted(found, key=lambda f: (-f.at_stake, f.id))
     return []
 

@@ -66,7 +66,8 @@ class EgressJump:
         for currency, lines in _currencies(_lines_in(inputs, start, end)):
             egress, requests = _of_kind(lines, "egress"), _of_kind(lines, "requests")
             requests_now, requests_before = _total(requests, mid, end, "quantity"), _total(requests, start, mid, "quantity")
-            moved = _change(requests_now, requests_before) if requests_before else Decimal(0)
+            # no request lines in either window: unchanged; appeared from none: moved without bound
+            moved = _change(requests_now, requests_before) if requests_before else (None if requests_now else Decimal(0))
             for (service,), days in sorted(daily(egress, ["service"], start, end).items(), key=str):
                 now = sum((v for d, v in days.items() if d >= mid), Decimal(0))
                 before = sum((v for d, v in days.items() if d < mid), Decimal(0))
@@ -99,7 +100,7 @@ class IdleProvisionedIops:
         settings = inputs.settings
         end, start = day + timedelta(days=1), day + timedelta(days=1 - WINDOW)
         billing = _lines_in(inputs, start, end)
-        require_metrics(inputs, self.metrics)
+        require_metrics(inputs, self.metrics, day)
         measured: dict[str, float] = {}
         for name in self.metrics:
             for series in inputs.metric_series(name, day):
@@ -146,7 +147,7 @@ class IdleVcpuSpend:
         settings = inputs.settings
         end, mid = day + timedelta(days=1), day - timedelta(days=6)
         billing = _lines_in(inputs, mid - timedelta(days=7), end)
-        require_metrics(inputs, self.metrics)
+        require_metrics(inputs, self.metrics, day)
         usage: dict[str, dict] = {}
         for series in inputs.metric_series("node_cpu_seconds_total", day):
             group = series.labels.get(settings.group_label)

@@ -31,7 +31,8 @@ def run(
     out: str = typer.Option(None, "--out", help="output root (default: signals.root); none: print only"),
     as_json: bool = JSON_OPTION,
 ) -> None:
-    """Evaluate every signal for one night; print what fired, what was skipped and why."""
+    """Evaluate every signal for one night; print what fired, what was skipped and why. Exits with
+    the first failed rule's error status (after the night is written) when a rule failed."""
     from seedance_tasks.config import load_settings
     from seedance_tasks.signals.audit import run_audit
     from seedance_tasks.signals.sources import parse_day
@@ -48,7 +49,7 @@ def run(
     def render(doc: dict) -> None:
         from seedance_tasks.cost.money import display
 
-        rows = [[s["id"], "skipped" if "skipped" in s else ("FIRED" if s["fired"] else "silent"),
+        rows = [[s["id"], "FAILED" if s.get("error") else "skipped" if "skipped" in s else ("FIRED" if s["fired"] else "silent"),
                  len(s["findings"]), s.get("skipped", "")] for s in doc["signals"]]
         console.print(table(f"signals, night of {doc['date']}", ["signal", "state", "findings", "note"], rows))
         for signal in doc["signals"]:
@@ -57,6 +58,15 @@ def run(
                 console.print(f"[{f['severity']}] {f['summary']} ({stake}/month)", markup=False)
 
     emit(night, as_json, render)
+    failed = [s for s in night["signals"] if s.get("error")]
+    if failed:  # the night is written and shown, each failure warned of: the exit status says it too
+        from seedance_tasks.errors import SeedanceError
+
+        error = SeedanceError(f"{len(failed)} signal(s) failed: {', '.join(s['id'] for s in failed)}; the other "
+                              "signals ran" + (" and the night is written" if night.get("outputs") else ""),
+                              hint="the warnings above say why")
+        error.exit_code = failed[0]["error"].get("exit_code", 1)
+        raise error
 
 
 @app.command("list")

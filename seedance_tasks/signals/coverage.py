@@ -18,7 +18,7 @@ class MetricsBlindSpot:
     def evaluate(self, day: date, inputs) -> list[Finding]:
         from seedance_tasks.signals.registry import RULES
 
-        have = inputs.metrics.names()
+        have = inputs.metric_names(day)
         findings = []
         for rule in RULES.values():
             missing = sorted(set(rule.metrics) - have)

@@ -81,8 +81,9 @@ def severity_for(at_stake: Decimal, settings, floor: str = "warning") -> str:
     return "critical" if at_stake >= settings.critical_dollars else floor
 
 
-def require_metrics(inputs, names) -> None:
-    """Skipped naming the metrics in `names` that the night's metrics source does not have."""
-    missing = sorted(set(names) - inputs.metrics.names())
+def require_metrics(inputs, names, day: date) -> None:
+    """Skipped naming the metrics in `names` that the metrics source has no sample of on `day` (a
+    metric whose exporter stopped weeks ago is missing tonight, not silently empty)."""
+    missing = sorted(set(names) - inputs.metric_names(day))
     if missing:
         raise Skipped("metrics missing: " + ", ".join(missing))

@@ -12,16 +12,30 @@ from typing import Any
 from seedance_tasks import storage
 from seedance_tasks.cost.money import display
 from seedance_tasks.cost.notify import Ledger
+from seedance_tasks.errors import InputError
 from seedance_tasks.notifiers import NotificationSettings, send_email, send_webhook
 from seedance_tasks.signals.audit import night_findings
+from seedance_tasks.signals.model import SEVERITIES
 
 STATE = "_seedance/signals"
 
 
-def ledger(root: storage.Location) -> Ledger:
+def ledger(root: storage.Location, name: str = "sent.json") -> Ledger:
+    """The ledger `name` under `<root>/_seedance/signals/`: `sent.json` (messages) is written by the
+    notify task only, `fixes-<signal>.json` by that signal's fix task only, so tasks running side
+    by side never overwrite each other's records. InputError names a damaged ledger (nothing is sent
+    or triggered rather than everything again)."""
     state = root.child(STATE)
     state.fs.create_dir(state.path, recursive=True)
-    return Ledger(state, "sent.json")
+    try:
+        book = Ledger(state, name)
+    except (ValueError, UnicodeDecodeError) as exc:  # JSONDecodeError is a ValueError
+        raise InputError(f"{state.uri_of(state.join(name))}: unreadable ledger ({str(exc)[:200]})",
+                         hint="restore it from a backup; moved aside, every open finding would be sent again") from None
+    if not isinstance(book.entries, dict):
+        raise InputError(f"{state.uri_of(state.join(name))}: not a ledger (a JSON object of keys)",
+                         hint="restore it from a backup; moved aside, every open finding would be sent again")
+    return book
 
 
 def _key(kind: str, finding: dict[str, Any]) -> str:
@@ -34,9 +48,10 @@ def to_announce(night: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def message(finding: dict[str, Any]) -> tuple[str, str]:
-    """(subject, text) of a finding."""
+    """(subject, text) of a finding; the subject is one line (a key made of a label value or a file
+    name with a newline in it cannot add a mail header)."""
     verb = "escalated" if finding["change"] == "escalated" else "new"
-    subject = f"[seedance {finding['severity']}] {finding['signal']} ({verb}): {finding['key']}"
+    subject = " ".join(f"[seedance {finding['severity']}] {finding['signal']} ({verb}): {finding['key']}".split())
     fix = finding.get("fix")
     lines = [finding["summary"], f"at stake: {display(finding['at_stake'], finding['currency'])} a month",
              "evidence: " + json.dumps(finding["evidence"], sort_keys=True),
@@ -64,12 +79,29 @@ def send_all(night: dict[str, Any], root: storage.Location, settings) -> list[di
     return sent
 
 
+def _triggered_with(entries: dict[str, Any], finding: dict[str, Any]) -> list[Any]:
+    """The fixes (dag_id and conf) this finding (since its first_seen, at any severity) was triggered with."""
+    keys = (_key("fix", {**finding, "severity": severity}) for severity in SEVERITIES)
+    return [entries[key] for key in keys if key in entries]
+
+
 def fix_targets(night: dict[str, Any], signal: str, root: storage.Location, *, record: bool = True) -> list[dict]:
-    """The fixes of `signal`'s new or escalated findings not triggered before: [{"key", "dag_id", "conf"}]."""
-    book = ledger(root)
+    """The fixes of `signal`'s new or escalated findings not triggered before, and of its persisting
+    ones whose fix changed since it was triggered (`signals.apply` turned on after a dry run):
+    [{"key", "dag_id", "conf"}]. Each (finding, fix) is triggered once."""
+    book = ledger(root, f"fixes-{signal}.json")
+    legacy = ledger(root).entries  # fixes recorded beside the messages by earlier versions
     targets = []
-    for finding in to_announce(night):
-        if finding["signal"] != signal or not finding.get("fix") or _key("fix", finding) in book:
+    for finding in night_findings(night):
+        if finding["signal"] != signal or not finding.get("fix"):
+            continue
+        entries = {**legacy, **book.entries}
+        if finding["change"] in ("new", "escalated"):
+            due = entries.get(_key("fix", finding)) != finding["fix"]
+        else:  # persisting: again only if its fix changed; unconfirmed (its rule could not look): never
+            before = _triggered_with(entries, finding)
+            due = finding["change"] == "persisting" and bool(before) and finding["fix"] not in before
+        if not due:
             continue
         targets.append({"key": finding["key"], **finding["fix"]})
         if record:

@@ -4,9 +4,10 @@ issue that defined the signals)."""
 
 from __future__ import annotations
 
+import re
 from decimal import Decimal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from seedance_tasks.notifiers import ENV_NAME, WebhookRef
 from seedance_tasks.settings_base import StrictModel
@@ -27,6 +28,24 @@ class SignalsSettings(StrictModel):
                                                                   "webhook_env") if data.get(key) is not None})
             data = {key: value for key, value in data.items() if not (key == "webhook_url" and value is None)}
         return data
+
+    @field_validator("egress_patterns", "request_patterns", "iops_patterns", "compute_patterns")
+    @classmethod
+    def _patterns_compile(cls, patterns: list[str]) -> list[str]:
+        """Every pattern is a regular expression Python compiles (refused at load, naming it)."""
+        for pattern in patterns:
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise ValueError(f"{pattern!r} is not a regular expression ({exc})") from None
+        return patterns
+
+    @model_validator(mode="after")
+    def _cold_below_hot(self):
+        if self.cold_price_per_gb_month > self.hot_price_per_gb_month:
+            raise ValueError(f"cold_price_per_gb_month ({self.cold_price_per_gb_month}) is above "
+                             f"hot_price_per_gb_month ({self.hot_price_per_gb_month}): moving to cold would cost money")
+        return self
 
     @property
     def webhook(self) -> WebhookRef:
@@ -52,11 +71,11 @@ class SignalsSettings(StrictModel):
     mail_from: str = "seedance@localhost"
     webhook_conn: str | None = Field(None, description="Airflow connection holding a Slack-compatible webhook URL")
     webhook_env: str | None = Field(None, pattern=ENV_NAME, description="... or the environment variable holding it")
-    critical_dollars: Decimal = Field(Decimal("1000"), description="a finding at stake >= this per month is critical")
-    gpu_hour_price: Decimal = Field(Decimal("2.50"), description="price of one GPU-hour, for training signals")
+    critical_dollars: Decimal = Field(Decimal("1000"), ge=0, description="a finding at stake >= this per month is critical")
+    gpu_hour_price: Decimal = Field(Decimal("2.50"), ge=0, description="price of one GPU-hour, for training signals")
     # billing thresholds
-    egress_jump_percent: Decimal = Decimal("40")
-    egress_requests_max_change_percent: Decimal = Decimal("10")
+    egress_jump_percent: Decimal = Field(Decimal("40"), gt=0)
+    egress_requests_max_change_percent: Decimal = Field(Decimal("10"), gt=0)
     egress_patterns: list[str] = Field(
         default_factory=lambda: [r"(?i)data transfer out", r"(?i)DataTransfer-Out", r"(?i)internet egress",
                                  r"(?i)network internet .*egress"],
@@ -67,33 +86,33 @@ class SignalsSettings(StrictModel):
         description="regexes on object-storage request lines",
     )
     iops_patterns: list[str] = Field(default_factory=lambda: [r"(?i)provisioned IOPS", r"(?i)PIOPS"])
-    idle_iops_percent: Decimal = Field(Decimal("10"), description="measured IOPS below this share of provisioned")
+    idle_iops_percent: Decimal = Field(Decimal("10"), gt=0, le=100, description="measured IOPS below this share of provisioned")
     volume_label: str = Field("volume_id", description="node_exporter disk label matched to the billing ResourceId")
     compute_patterns: list[str] = Field(default_factory=lambda: [r"(?i)instance hour", r"(?i)vCPU"])
     group_label: str = Field("resource_group", description="node_exporter label matched to the billing ResourceId")
-    idle_vcpu_percent: Decimal = Decimal("30")
-    vcpu_spend_rise_percent: Decimal = Field(Decimal("10"), description="compute spend rise that counts as rising")
-    target_cpu_percent: Decimal = Field(Decimal("60"), description="utilisation a right-sized instance would run at")
+    idle_vcpu_percent: Decimal = Field(Decimal("30"), gt=0, le=100)
+    vcpu_spend_rise_percent: Decimal = Field(Decimal("10"), ge=0, description="compute spend rise that counts as rising")
+    target_cpu_percent: Decimal = Field(Decimal("60"), gt=0, le=100, description="utilisation a right-sized instance would run at")
     price_table: dict[str, InstanceSize] = Field(default_factory=dict, description="instance type -> vcpus, hourly")
-    surge_k: Decimal = Field(Decimal("3"), description="cost-surge margin: median + k x MAD of the trailing 28 days")
-    surge_min_percent: Decimal = Field(Decimal("20"), description="and at least this far above the median")
-    surge_usage_percent: Decimal = Field(Decimal("10"), description="a usage rise this large explains the cost")
-    unallocated_percent: Decimal = Decimal("5")
+    surge_k: Decimal = Field(Decimal("3"), ge=0, description="cost-surge margin: median + k x MAD of the trailing 28 days")
+    surge_min_percent: Decimal = Field(Decimal("20"), ge=0, description="and at least this far above the median")
+    surge_usage_percent: Decimal = Field(Decimal("10"), ge=0, description="a usage rise this large explains the cost")
+    unallocated_percent: Decimal = Field(Decimal("5"), ge=0, lt=100)
     # data and training thresholds
-    small_file_size: ByteSize = Field(16 * 1024**2, description="a dataset whose mean file size is below this")
+    small_file_size: ByteSize = Field(16 * 1024**2, gt=0, description="a dataset whose mean file size is below this")
     min_small_files: int = Field(8, ge=2, description="and that has at least this many Parquet files")
-    loader_gbps: Decimal = Field(Decimal("1.8"), description="GB/s the data loader must sustain")
-    data_wait_percent: Decimal = Decimal("10")
-    util_drop_percent: Decimal = Field(Decimal("50"), description="GPU utilisation below this share of baseline")
-    util_drop_window: Duration = Field(1800, description="... for at least this long")
-    collective_timeout: Duration = Field(600, description="NCCL collective timeout (torch default 10 min)")
-    collective_wait_percent: Decimal = Field(Decimal("95"), description="of the timeout, 3 collectives in a row")
-    collective_share_percent: Decimal = Field(Decimal("25"), description="collectives above this share of step time")
+    loader_gbps: Decimal = Field(Decimal("1.8"), gt=0, description="GB/s the data loader must sustain")
+    data_wait_percent: Decimal = Field(Decimal("10"), ge=0, lt=100)
+    util_drop_percent: Decimal = Field(Decimal("50"), gt=0, le=100, description="GPU utilisation below this share of baseline")
+    util_drop_window: Duration = Field(1800, gt=0, description="... for at least this long")
+    collective_timeout: Duration = Field(600, gt=0, description="NCCL collective timeout (torch default 10 min)")
+    collective_wait_percent: Decimal = Field(Decimal("95"), gt=0, le=100, description="of the timeout, 3 collectives in a row")
+    collective_share_percent: Decimal = Field(Decimal("25"), ge=0, lt=100, description="collectives above this share of step time")
     training_logs: list[str] = Field(default_factory=list, description="torch/NCCL log files or folders to read")
-    overflow_per_epoch: int = 32
+    overflow_per_epoch: int = Field(32, ge=0)
     steps_per_epoch: int = Field(1000, gt=0)
-    memory_reserved_percent: Decimal = Decimal("87")
-    checkpoint_hot_max_age: Duration = Field(7 * 86400, description="hot-tier checkpoints older than this")
+    memory_reserved_percent: Decimal = Field(Decimal("87"), ge=0, lt=100)
+    checkpoint_hot_max_age: Duration = Field(7 * 86400, gt=0, description="hot-tier checkpoints older than this")
     checkpoint_max_per_run: int = Field(50, gt=0, description="committed checkpoints of a run above this: no GC")
-    hot_price_per_gb_month: Decimal = Decimal("0.023")
-    cold_price_per_gb_month: Decimal = Decimal("0.004")
+    hot_price_per_gb_month: Decimal = Field(Decimal("0.023"), ge=0)
+    cold_price_per_gb_month: Decimal = Field(Decimal("0.004"), ge=0)

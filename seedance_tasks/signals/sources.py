@@ -200,11 +200,16 @@ class BillingProblems:
 
 def _quantities(values: pa.Array, batch: pa.RecordBatch, source: str) -> tuple[pa.Array, list[dict[str, Any]]]:
     """ConsumedQuantity as float64 (thousands separators dropped, unknown as 0), and the rows
-    whose value is not a number."""
+    whose value is not a number (NaN and ±Inf, or beyond a float, are none: they would poison the
+    sums and the JSON)."""
     from seedance_tasks.cost import ingest
 
     text = pc.replace_substring(pc.cast(ingest._text(values), pa.string()), ",", "")
     quantity, bad = ingest._carried(text, "ConsumedQuantity")
+    finite = pc.fill_null(pc.is_finite(quantity), True).to_numpy(zero_copy_only=False)
+    if not finite.all():
+        bad = {**bad, **{int(index): "not finite" for index in np.flatnonzero(~finite)}}
+        quantity = pc.if_else(pa.array(finite), quantity, pa.scalar(None, pa.float64()))
     rows = batch.column("x_Row")
     problems = [{"file": source, "row": rows[index].as_py(), "column": "ConsumedQuantity",
                  "reason": f"ConsumedQuantity is not a number: {values[index].as_py()!r}"} for index in sorted(bad)]
@@ -276,12 +281,54 @@ class Series:
     values: np.ndarray
 
 
+def make_series(labels: dict[str, str], ts: np.ndarray, values: np.ndarray) -> Series | None:
+    """The series of the finite samples, in time order, one per timestamp: NaN (a stale marker, a
+    failed read), ±Inf and nulls are no measurement and are dropped, so one of them never poisons a
+    sum or a median; of samples sharing a timestamp (files that overlap) the first is kept, as
+    Prometheus keeps one. None when no sample is left."""
+    ts, values = np.asarray(ts, np.float64), np.asarray(values, np.float64)
+    keep = np.isfinite(ts) & np.isfinite(values)
+    if not keep.all():
+        ts, values = ts[keep], values[keep]
+    if not len(ts):
+        return None
+    order = np.argsort(ts, kind="stable")
+    ts, values = ts[order], values[order]
+    first = np.r_[True, np.diff(ts) > 0]
+    return Series(labels, ts[first], values[first])
+
+
 def increase(series: Series) -> float:
     """The increase of a counter over the series (resets count from zero, as Prometheus does)."""
     if len(series.values) < 2:
         return 0.0
     steps = np.diff(series.values)
     return float(np.where(steps >= 0, steps, series.values[1:]).sum())
+
+
+def parse_labels(text: str | None, where: str) -> dict[str, str]:
+    """The label set a samples file stores as JSON text, every value a string (as Prometheus has
+    them; a null value, like an empty one, is no label); null text is no label. InputError names
+    `where` and the text when it is not a JSON object."""
+    if text is None:
+        return {}
+    try:
+        parsed = json.loads(text)
+    except ValueError:
+        parsed = None
+    if not isinstance(parsed, dict):
+        raise InputError(f"{where}: labels {text[:80]!r} are not a JSON object",
+                         hint='labels are one JSON object per sample, e.g. {"gpu": "0", "job": "a"} '
+                         "(`seedance signals import-metrics` writes them)")
+    return {str(key): value if isinstance(value, str) else json.dumps(value)
+            for key, value in parsed.items() if value not in (None, "")}
+
+
+_COLUMN_TYPES = {"timestamp": (pa.types.is_timestamp, "a timestamp"),
+                 "name": (lambda t: pa.types.is_string(t) or pa.types.is_large_string(t), "text"),
+                 "labels": (lambda t: pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_null(t),
+                            "JSON text"),
+                 "value": (lambda t: pa.types.is_integer(t) or pa.types.is_floating(t), "a number")}
 
 
 class ParquetMetrics:
@@ -299,73 +346,158 @@ class ParquetMetrics:
                              hint="write them with `seedance signals import-metrics FILE --out URI`")
         import pyarrow.dataset as ds
 
-        self.dataset = ds.dataset(paths, filesystem=location.fs, format="parquet")
+        try:
+            self.dataset = ds.dataset(paths, filesystem=location.fs, format="parquet")
+        except (pa.ArrowInvalid, OSError) as exc:
+            raise InputError(f"{uri}: unreadable metric samples ({str(exc).splitlines()[0][:300]})",
+                             hint="write them with `seedance signals import-metrics FILE --out URI`") from None
         missing = {name for name in SAMPLES.names} - set(self.dataset.schema.names)
         if missing:
             raise InputError(f"{uri}: metric samples lack column(s) {', '.join(sorted(missing))}",
                              hint="samples have columns timestamp, name, labels, value")
+        for column, (fits, what) in _COLUMN_TYPES.items():
+            kind = self.dataset.schema.field(column).type
+            if not fits(kind):
+                raise InputError(f"{uri}: metric samples column {column} is {kind}, not {what}",
+                                 hint="samples have columns timestamp (UTC), name, labels (JSON), value (float)")
 
-    @cached_property
-    def _names(self) -> set[str]:
-        return set(pc.unique(self.dataset.to_table(columns=["name"]).column("name")).to_pylist())
-
-    def names(self) -> set[str]:
-        return self._names
-
-    def series(self, name: str, start: datetime, end: datetime) -> list[Series]:
+    def names(self, start: datetime | None = None, end: datetime | None = None) -> set[str]:
+        """The metric names with a sample in [start, end) (any time when not given)."""
         import pyarrow.dataset as ds
 
+        window = None
+        if start is not None and end is not None:
+            stamp = self.dataset.schema.field("timestamp").type
+            start, end = self._naive(start, end) if stamp.tz is None else (start, end)
+            window = (ds.field("timestamp") >= pa.scalar(start, stamp)) & (ds.field("timestamp") < pa.scalar(end, stamp))
+        table = self.dataset.to_table(columns=["name"], filter=window)
+        return set(pc.unique(table.column("name")).to_pylist()) - {None}
+
+    @staticmethod
+    def _naive(start: datetime, end: datetime) -> tuple[datetime, datetime]:
+        """[start, end) as naive UTC, to compare with a timestamp column without a zone (taken as UTC)."""
+        return start.astimezone(UTC).replace(tzinfo=None), end.astimezone(UTC).replace(tzinfo=None)
+
+    def series(self, name: str, start: datetime, end: datetime) -> list[Series]:
+        """The series of `name` in [start, end): one per label set (however its JSON keys are
+        ordered), finite samples only (`make_series`)."""
+        import pyarrow.dataset as ds
+
+        stamp = self.dataset.schema.field("timestamp").type
+        if stamp.tz is None:
+            start, end = self._naive(start, end)
         table = self.dataset.to_table(
             columns=["timestamp", "labels", "value"],
-            filter=(ds.field("name") == name) & (ds.field("timestamp") >= pa.scalar(start, SAMPLES.field(0).type))
-            & (ds.field("timestamp") < pa.scalar(end, SAMPLES.field(0).type)),
+            filter=(ds.field("name") == name) & (ds.field("timestamp") >= pa.scalar(start, stamp))
+            & (ds.field("timestamp") < pa.scalar(end, stamp)),
         )
         if not table.num_rows:
             return []
-        table = table.sort_by([("labels", "ascending"), ("timestamp", "ascending")])
-        labels = table.column("labels").combine_chunks()
-        ts = pc.cast(table.column("timestamp"), pa.int64()).to_numpy() / 1000.0
-        values = table.column("value").to_numpy()
-        encoded = labels.dictionary_encode()
-        codes = encoded.indices.to_numpy()
-        cuts = np.flatnonzero(np.diff(codes)) + 1
+        per_second = {"s": 1.0, "ms": 1e3, "us": 1e6, "ns": 1e9}[stamp.unit]
+        ts = pc.cast(table.column("timestamp"), pa.int64()).to_numpy() / per_second
+        values = pc.fill_null(pc.cast(table.column("value"), pa.float64()), float("nan")).to_numpy()
+        labels = pc.fill_null(pc.cast(table.column("labels"), pa.string()), "{}")  # null: no label
+        encoded = labels.combine_chunks().dictionary_encode()
+        keys: dict[str, int] = {}  # canonical JSON of a label set -> its number
+        groups, label_sets = [], []
+        for text in encoded.dictionary.to_pylist():
+            parsed = parse_labels(text, f"{self.uri}: metric {name}")
+            groups.append(keys.setdefault(json.dumps(parsed, sort_keys=True), len(keys)))
+            if len(label_sets) < len(keys):
+                label_sets.append(parsed)
+        group = np.asarray(groups, np.int64)[encoded.indices.to_numpy()]
+        order = np.lexsort((ts, group))
+        group, ts, values = group[order], ts[order], values[order]
+        cuts = np.flatnonzero(np.diff(group)) + 1
         out = []
-        for first, last in zip(np.r_[0, cuts], np.r_[cuts, len(codes)], strict=True):
-            out.append(Series(json.loads(encoded.dictionary[codes[first]].as_py()), ts[first:last], values[first:last]))
-        return out
+        for first, last in zip(np.r_[0, cuts], np.r_[cuts, len(group)], strict=True):
+            found = make_series(label_sets[group[first]], ts[first:last], values[first:last])
+            if found is not None:
+                out.append(found)
+        return sorted(out, key=lambda item: json.dumps(item.labels, sort_keys=True))
+
+
+def _shown_url(url: str) -> str:
+    """`url` without its user, password and query (what may be printed of a metrics URL)."""
+    parts = urllib.parse.urlsplit(url)
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
+    try:
+        port = f":{parts.port}" if parts.port else ""
+    except ValueError:
+        port = ""
+    return urllib.parse.urlunsplit((parts.scheme, host + port, parts.path, "", "")).rstrip("/")
 
 
 class PrometheusMetrics:
-    """A Prometheus server through its HTTP API (`/api/v1/label/__name__/values`, `query_range`)."""
+    """A Prometheus server through its HTTP API (`/api/v1/label/__name__/values`, `query_range`).
+
+    A user and password in the URL (`https://user:pass@host`) are sent as HTTP basic auth and never
+    printed: errors name the server as `_shown_url` writes it. A non-JSON or malformed answer is an
+    InputError; an unreachable, overloaded or failing server (HTTP 429, 5xx) an UnavailableError."""
 
     def __init__(self, url: str, step: float = 300):
-        self.url = url.rstrip("/")
+        import base64
+
+        parts = urllib.parse.urlsplit(url.rstrip("/"))
+        self.headers: dict[str, str] = {}
+        if parts.username is not None:
+            secret = f"{urllib.parse.unquote(parts.username)}:{urllib.parse.unquote(parts.password or '')}"
+            self.headers["Authorization"] = "Basic " + base64.b64encode(secret.encode()).decode()
+            netloc = parts.netloc.rpartition("@")[2]
+            parts = parts._replace(netloc=netloc)
+        self.url = urllib.parse.urlunsplit(parts)
+        self.shown = _shown_url(self.url)
         self.step = step
 
     def _get(self, path: str, params: dict[str, Any] | None = None) -> Any:
+        import http.client
+
         query = f"?{urllib.parse.urlencode(params)}" if params else ""
+        where = f"Prometheus {self.shown}{path}"
+        request = urllib.request.Request(f"{self.url}{path}{query}", headers=self.headers)
         try:
-            with urllib.request.urlopen(f"{self.url}{path}{query}", timeout=60) as response:
-                body = json.load(response)
+            with urllib.request.urlopen(request, timeout=60) as response:
+                raw = response.read()
         except urllib.error.HTTPError as exc:
-            raise InputError(f"Prometheus {self.url}{path}: HTTP {exc.code} {exc.read()[:300]!r}",
-                             hint="check --metrics / signals.metrics_uri") from None
-        except OSError as exc:
-            raise UnavailableError(f"Prometheus at {self.url} unreachable: {exc}",
+            detail = _answer_error(exc.read()[:2000])
+            if exc.code == 429 or exc.code >= 500:
+                raise UnavailableError(f"{where}: HTTP {exc.code} {detail}",
+                                       hint="the server is down, overloaded or timed out: a later run can succeed "
+                                       "(a larger signals.metrics_step asks for fewer points)") from None
+            raise InputError(f"{where}: HTTP {exc.code} {detail}", hint="check --metrics / signals.metrics_uri") from None
+        except (OSError, http.client.HTTPException) as exc:
+            reason = getattr(exc, "reason", None) or exc
+            raise UnavailableError(f"Prometheus at {self.shown} unreachable: {type(reason).__name__}: "
+                                   f"{_shown_text(str(reason), self.url)}",
                                    hint="is the server up? check --metrics / signals.metrics_uri") from None
+        try:
+            body = json.loads(raw)
+        except ValueError:
+            body = None
+        if not isinstance(body, dict) or "status" not in body:
+            raise InputError(f"{where}: the answer is not a Prometheus API answer: {raw[:80]!r}",
+                             hint="point --metrics / signals.metrics_uri at the server's base URL "
+                             "(e.g. http://prometheus:9090), not a UI page or a proxy's login")
         if body.get("status") != "success":
-            raise InputError(f"Prometheus {self.url}{path}: {body.get('error')}", hint="check the query")
+            raise InputError(f"{where}: {body.get('errorType') or 'error'}: {str(body.get('error'))[:300]}",
+                             hint="check the query")
+        if "data" not in body:
+            raise InputError(f"{where}: the answer has no data", hint="is it a Prometheus server?")
         return body["data"]
 
-    @cached_property
-    def _names(self) -> set[str]:
-        return set(self._get("/api/v1/label/__name__/values"))
-
-    def names(self) -> set[str]:
-        return self._names
+    def names(self, start: datetime | None = None, end: datetime | None = None) -> set[str]:
+        """The metric names with series in [start, end) (as the server's label API keeps them: any
+        time when not given)."""
+        window = {"start": start.timestamp(), "end": end.timestamp()} if start is not None and end is not None else None
+        data = self._get("/api/v1/label/__name__/values", window)
+        if not isinstance(data, list):
+            raise InputError(f"Prometheus {self.shown}: the metric names are not a list", hint="is it a Prometheus server?")
+        return {str(name) for name in data}
 
     def series(self, name: str, start: datetime, end: datetime) -> list[Series]:
-        out = []
+        """The series of `name` in [start, end) at `step`, one per label set, finite samples only."""
         # query_range returns at most 11,000 points per series: ask in chunks
         chunk = self.step * 10_000
         pieces: dict[str, list] = {}
@@ -374,16 +506,53 @@ class PrometheusMetrics:
         while begin < end.timestamp():
             stop = min(end.timestamp() - 1e-3, begin + chunk)
             data = self._get("/api/v1/query_range", {"query": name, "start": begin, "end": stop, "step": self.step})
-            for item in data["result"]:
-                labels = {k: v for k, v in item["metric"].items() if k != "__name__"}
+            for labels, values in self._matrix(data, name):
                 key = json.dumps(labels, sort_keys=True)
                 labels_of[key] = labels
-                pieces.setdefault(key, []).extend(item["values"])
+                pieces.setdefault(key, []).extend(values)
             begin = stop + self.step
+        out = []
         for key in sorted(pieces):
-            values = np.array([[float(t), float(v)] for t, v in pieces[key]])
-            out.append(Series(labels_of[key], values[:, 0], values[:, 1]))
+            points = np.array(pieces[key], np.float64).reshape(-1, 2)
+            found = make_series(labels_of[key], points[:, 0], points[:, 1])
+            if found is not None:
+                out.append(found)
         return out
+
+    def _matrix(self, data: Any, name: str) -> Iterable[tuple[dict[str, str], list[tuple[float, float]]]]:
+        """(labels, [(ts, value)]) of each series of a query_range answer (native histograms, which
+        carry no float samples, have none). InputError on an answer of another shape."""
+        where = f"Prometheus {self.shown} query_range {name}"
+        result = data.get("result") if isinstance(data, dict) else None
+        if not isinstance(result, list) or data.get("resultType", "matrix") != "matrix":
+            raise InputError(f"{where}: the answer is not a range result (matrix)", hint="is it a Prometheus server?")
+        for item in result:
+            metric, values = (item.get("metric"), item.get("values", [])) if isinstance(item, dict) else (None, None)
+            if not isinstance(metric, dict) or not isinstance(values, list):
+                raise InputError(f"{where}: a series of the answer is malformed: {str(item)[:120]}",
+                                 hint="is it a Prometheus server?")
+            try:
+                points = [(float(t), float(v)) for t, v in values]
+            except (TypeError, ValueError):
+                raise InputError(f"{where}: a sample of {json.dumps(metric, sort_keys=True)[:200]} is not "
+                                 f"[time, \"number\"]: {str(values)[:120]}", hint="is it a Prometheus server?") from None
+            yield {str(k): str(v) for k, v in metric.items() if k != "__name__"}, points
+
+
+def _answer_error(body: bytes) -> str:
+    """What an error answer of Prometheus says: its `errorType: error`, else the first bytes."""
+    try:
+        parsed = json.loads(body)
+    except ValueError:
+        parsed = None
+    if isinstance(parsed, dict) and parsed.get("error"):
+        return f"{parsed.get('errorType') or 'error'}: {str(parsed['error'])[:300]}"
+    return repr(body[:300])
+
+
+def _shown_text(text: str, url: str) -> str:
+    """`text` with `url` (which may carry a query with a token) written as `_shown_url` does."""
+    return text.replace(url, _shown_url(url))
 
 
 def open_metrics(uri: str, step: float = 300):
@@ -513,7 +682,12 @@ class Inputs:
     billing_skipped: str | None = field(default=None, init=False)
     """Why the billing rules are skipped, once the billing is asked for: no source configured
     (`NO_BILLING`), or a source whose every row is rejected; None when they have lines."""
+    missing: dict[str, list[str]] = field(default_factory=dict, init=False)
+    """The configured paths that do not exist, per input (`lakes`, `logs`), once read."""
+    checkpoints_damaged: list[dict] = field(default_factory=list, init=False)
+    """The store's manifests that could not be read (`catalog.damaged_entry`), left out of the listing."""
     _billing: pa.Table | None = field(default=None, init=False, repr=False)
+    _names_on: dict[date, set[str]] = field(default_factory=dict, init=False, repr=False)
 
     @property
     def billing(self) -> pa.Table:
@@ -538,15 +712,39 @@ class Inputs:
             raise Skipped("no metrics source (--metrics or signals.metrics_uri)")
         return open_metrics(self.metrics_uri, self.settings.metrics_step)
 
+    def metric_names(self, day: date) -> set[str]:
+        """The names of the metrics with a sample on `day` (asked once per day)."""
+        if day not in self._names_on:
+            start = day_start(day)
+            self._names_on[day] = self.metrics.names(start, start + timedelta(days=1))
+        return self._names_on[day]
+
     def metric_series(self, name: str, day: date, days_before: int = 0) -> list[Series]:
         """Series of `name` over `day` and the `days_before` days before it."""
         end = day_start(day) + timedelta(days=1)
         return self.metrics.series(name, end - timedelta(days=1 + days_before), end)
 
+    def _found(self, need: str, uri: str):
+        """(location, its FileType) of configured path `uri`; None, listed in `missing[need]`, if absent."""
+        import pyarrow.fs as pafs
+
+        location = storage.resolve(uri)
+        kind = location.fs.get_file_info(location.path).type
+        if kind == pafs.FileType.NotFound:
+            if uri not in self.missing.setdefault(need, []):
+                self.missing[need].append(uri)
+            return None
+        return location, kind
+
     def lake_files(self) -> dict[str, list]:
+        """The files under each configured dataset root that exists (the others are listed in
+        `missing`); Skipped when none does (a typo never reads as "no small files")."""
         if not self.lakes:
             raise Skipped("no dataset roots (--lake or signals.lakes)")
-        return {uri: storage.list_files(storage.resolve(uri)) for uri in self.lakes}
+        found = {uri: self._found("lakes", uri) for uri in self.lakes}
+        if not any(found.values()):
+            raise Skipped(f"no dataset root found at {', '.join(self.lakes)} (--lake or signals.lakes)")
+        return {uri: storage.list_files(where[0]) for uri, where in found.items() if where}
 
     @cached_property
     def checkpoints(self) -> list[dict]:
@@ -554,19 +752,42 @@ class Inputs:
             raise Skipped("no checkpoint store (--checkpoints or signals.checkpoints_uri)")
         from seedance_tasks.checkpoint.store import list_checkpoints
 
-        return list_checkpoints(self.checkpoints_uri)
+        return list_checkpoints(self.checkpoints_uri, damaged=self.checkpoints_damaged)
+
+    def notes(self, rule) -> list[str]:
+        """What `rule`'s inputs left out tonight, one line each (damaged checkpoint manifests,
+        configured dataset roots or log paths that do not exist)."""
+        out = []
+        if "checkpoints" in rule.needs and self.checkpoints_damaged:
+            from seedance_tasks.checkpoint.catalog import damaged_error
+
+            out.append(str(damaged_error(self.checkpoints_damaged,
+                                         "left out of the audit, the rest of the store was audited")))
+        for need, what, where in (("lakes", "dataset root(s)", "--lake / signals.lakes"),
+                                  ("logs", "training log(s)", "signals.training_logs")):
+            if need in rule.needs and self.missing.get(need):
+                out.append(f"{what} not found, not read: {', '.join(self.missing[need])}\n  hint: check {where}")
+        return out
 
     def log_texts(self) -> Iterable[tuple[str, str]]:
+        """(uri, text) of every configured log file (a folder: each file in it). A configured path
+        that does not exist is listed in `missing`; Skipped, after the rest, when no log file
+        was found at all (a typo in signals.training_logs never reads as "no collective waited")."""
+        import pyarrow.fs as pafs
+
         if not self.logs:
             raise Skipped("no training logs (signals.training_logs)")
+        read = 0
         for uri in self.logs:
-            location = storage.resolve(uri)
-            if storage.is_file(location.fs, location.path):
-                paths = [location.path]
-            else:
-                paths = [info.path for info in storage.list_files(location)]
+            if (found := self._found("logs", uri)) is None:
+                continue
+            location, kind = found
+            paths = [location.path] if kind == pafs.FileType.File else [info.path for info in storage.list_files(location)]
             for path in paths:
+                read += 1
                 yield location.uri_of(path), storage.read_bytes(location.fs, path).decode("utf-8", errors="replace")
+        if not read:
+            raise Skipped(f"no training log file at {', '.join(self.logs)} (signals.training_logs)")
 
 
 FIRST_DAY, LAST_DAY = date(2, 1, 1), date(9998, 12, 31)

@@ -39,11 +39,19 @@ def _phase_share(inputs, day: date, phase: str) -> dict[str, tuple[float, float]
     return {job: (_increase(phases.get(job, [])), total) for job, total in steps.items() if total > 0}
 
 
+def gpu_count(series: list[Series]) -> int:
+    """How many GPUs `series` (DCGM exporter series of one job) measure: one per GPU UUID (`uuid` in
+    older exporters), so a GPU whose series split (a pod restarted, an exporter upgrade added a
+    label) counts once; a series without a UUID counts as one GPU."""
+    uuids = {item.labels.get("UUID") or item.labels.get("uuid") for item in series}
+    return len(uuids - {None, ""}) + sum(1 for item in series if not (item.labels.get("UUID") or item.labels.get("uuid")))
+
+
 def _gpus(inputs, day: date) -> dict[str, int]:
-    if "DCGM_FI_DEV_GPU_UTIL" not in inputs.metrics.names():
+    if "DCGM_FI_DEV_GPU_UTIL" not in inputs.metric_names(day):
         return {}
     jobs = by_job(inputs.metric_series("DCGM_FI_DEV_GPU_UTIL", day), inputs.settings.job_label)
-    return {job: len(items) for job, items in jobs.items()}
+    return {job: gpu_count(items) for job, items in jobs.items()}
 
 
 def _gpu_cost(share: float, gpus: int, settings) -> Decimal:
@@ -59,7 +67,7 @@ class LoaderThroughput:
 
     def evaluate(self, day: date, inputs) -> list[Finding]:
         settings = inputs.settings
-        require_metrics(inputs, self.metrics)
+        require_metrics(inputs, self.metrics, day)
         loaded = by_job(inputs.metric_series("seedance_loader_bytes_total", day), settings.job_label)
         waits = _phase_share(inputs, day, "data")
         gpus = _gpus(inputs, day)
@@ -94,7 +102,7 @@ class GpuUtilDrop:
 
     def evaluate(self, day: date, inputs) -> list[Finding]:
         settings = inputs.settings
-        require_metrics(inputs, self.metrics)
+        require_metrics(inputs, self.metrics, day)
         findings = []
         jobs = by_job(inputs.metric_series("DCGM_FI_DEV_GPU_UTIL", day, days_before=7), settings.job_label)
         start = _day_seconds(day)
@@ -109,14 +117,15 @@ class GpuUtilDrop:
             if longest < settings.util_drop_window:
                 continue
             lost = (baseline - float(mean[tonight][low].mean())) / 100 * longest / 86400
-            at_stake = _gpu_cost(lost, len(items), settings)
-            share = _phase_share(inputs, day, "collective").get(job) if {PHASES, STEP_SECONDS} <= inputs.metrics.names() else None
+            gpus = gpu_count(items)
+            at_stake = _gpu_cost(lost, gpus, settings)
+            share = _phase_share(inputs, day, "collective").get(job) if {PHASES, STEP_SECONDS} <= inputs.metric_names(day) else None
             findings.append(Finding(
                 self.id, job, severity_for(at_stake, settings),
                 f"job {job}: GPU utilisation {mean[tonight][low].mean():.0f}% against a baseline of {baseline:.0f}% "
                 f"for {longest / 60:.0f} min",
                 {"baseline_percent": round(baseline, 1), "low_percent": round(float(mean[tonight][low].mean()), 1),
-                 "longest_low_seconds": int(longest), "gpus": len(items),
+                 "longest_low_seconds": int(longest), "gpus": gpus,
                  "collective_share": None if not share else round(share[0] / share[1], 4)},
                 at_stake,
             ))
@@ -166,7 +175,7 @@ class AllreduceWait:
         except Skipped as why:
             reasons.append(str(why))
         try:
-            require_metrics(inputs, self.metrics)
+            require_metrics(inputs, self.metrics, day)
             for job, (seconds, steps) in sorted(_phase_share(inputs, day, "collective").items()):
                 share = seconds / steps
                 if share * 100 <= float(settings.collective_share_percent):
@@ -217,7 +226,7 @@ class Fp16Overflow:
 
     def evaluate(self, day: date, inputs) -> list[Finding]:
         settings = inputs.settings
-        require_metrics(inputs, self.metrics)
+        require_metrics(inputs, self.metrics, day)
         skipped = by_job(inputs.metric_series("seedance_skipped_steps_total", day), settings.job_label)
         steps = by_job(inputs.metric_series("seedance_steps_total", day), settings.job_label)
         findings = []
@@ -246,7 +255,7 @@ class GpuMemoryResidency:
 
     def evaluate(self, day: date, inputs) -> list[Finding]:
         settings = inputs.settings
-        require_metrics(inputs, self.metrics)
+        require_metrics(inputs, self.metrics, day)
         label = settings.job_label
         used = by_job(inputs.metric_series("DCGM_FI_DEV_FB_USED", day), label)
         free = by_job(inputs.metric_series("DCGM_FI_DEV_FB_FREE", day), label)
@@ -261,6 +270,6 @@ class GpuMemoryResidency:
             findings.append(Finding(
                 self.id, job, "warning",
                 f"job {job}: {used_mib / total_mib:.0%} of GPU memory reserved, {added:.0f} allocation retries today",
-                {"reserved_share": round(used_mib / total_mib, 4), "alloc_retries": added, "gpus": len(used[job])},
+                {"reserved_share": round(used_mib / total_mib, 4), "alloc_retries": added, "gpus": gpu_count(used[job])},
             ))
         return findings

@@ -120,3 +120,25 @@ def test_a_billing_file_with_a_header_only_skips_the_billing_rules_with_a_warnin
                                "or point --billing / signals.billing_uri at the right file"]
     share = next(s for s in doc["signals"] if s["id"] == "unallocated-share")
     assert share["skipped"] == doc["billing_skipped"]
+
+
+@pytest.mark.parametrize("quantity", ["NaN", "inf", "-Infinity", "1e400"])
+def test_a_consumed_quantity_that_is_not_finite_is_unknown_never_nan_in_the_json(tmp_path, quantity):
+    """NaN in the evidence made findings.json invalid JSON; +Inf passed for a usage rise that
+    explained (silenced) a cost surge."""
+    from datetime import timedelta
+
+    from seedance_tasks.signals.sample import focus_file, template
+    from tests.signals.builders import NIGHT, days
+
+    row = template("On Demand Linux g5.4xlarge Instance Hour")
+    lines = [(row, day, 98 if i % 2 else 102, 24) for i, day in enumerate(days(28, NIGHT - timedelta(days=1)))]
+    lines.append((row, NIGHT, 150, quantity))
+    result = CliRunner().invoke(app, ["signals", "run", "--date", NIGHT.isoformat(), "--billing",
+                                      focus_file(tmp_path / "billing.csv", lines), "--out", "none", "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout, parse_constant=lambda name: pytest.fail(f"{name} in the JSON"))
+    assert doc["billing"]["quantity_unknown_count"] == 1
+    assert doc["billing"]["quantity_unknown"][0]["reason"] == f"ConsumedQuantity is not a number: {quantity!r}"
+    surge = next(s for s in doc["signals"] if s["id"] == "cost-surge")
+    assert [f["evidence"]["usage"] for f in surge["findings"]] == [0.0, 0.0]  # by service and by owner

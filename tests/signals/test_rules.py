@@ -273,3 +273,11 @@ def test_checkpoint_bloat_more_checkpoints_than_gc_keeps(tmp_path, most, fires):
         assert (finding["evidence"]["checkpoints"], finding["evidence"]["stale_hot"]) == (3, 0)
         assert "3 checkpoints kept" in finding["summary"]
         assert finding["fix"]["dag_id"] == "seedance_checkpoint_lifecycle"
+
+
+def test_egress_jump_silent_when_requests_appeared_from_none(tmp_path):
+    """Requests from nothing to 5,000 a day moved without bound, not 0%: the traffic explains the egress."""
+    egress, requests = template(EGRESS), template(REQUESTS)
+    lines = [(egress, day, 100 if i < 28 else 200, 1000) for i, day in enumerate(days(56))]
+    lines += [(requests, day, 1, 5000) for i, day in enumerate(days(56)) if i >= 28]
+    assert fired("egress-jump", inputs(billing_uri=focus_file(tmp_path / "m.csv", lines))) == []

@@ -245,3 +245,58 @@ def test_nights_persist_then_resolve_and_skipped_rules_stay_unconfirmed(tmp_path
     assert [(f["id"], f["status"], f["last_seen"]) for f in gone["resolved"]] == [(finding["id"], "resolved", "2024-10-31")]
     parquet = pq.read_table(tmp_path / "out/nights/2024-11-02/findings.parquet").to_pylist()
     assert [(row["id"], row["status"]) for row in parquet] == [(finding["id"], "resolved")]
+
+
+def test_the_scheduled_run_audits_the_whole_day_before_and_a_trigger_without_a_date_too(dagbag, monkeypatch):
+    """The 04:30 run on day D audits D-1 (complete by then), never the 4.5 hours of D so far."""
+    from datetime import date, datetime
+
+    import airflow.sdk
+    from airflow.sdk import CronDataIntervalTimetable
+    from airflow.timetables.base import TimeRestriction
+    from airflow.timetables.interval import CronDataIntervalTimetable as SchedulerTimetable
+
+    from seedance_tasks.signals import airflow_tasks
+
+    declared = dagbag.dags["seedance_signals"].timetable
+    assert isinstance(declared, CronDataIntervalTimetable)
+    timetable = SchedulerTimetable(declared.expression, declared.timezone)  # what the scheduler runs
+    earliest = datetime(2026, 11, 10, 5, 0, tzinfo=UTC)
+    scheduled = timetable.next_dagrun_info(last_automated_data_interval=None,
+                                           restriction=TimeRestriction(earliest=earliest, latest=None, catchup=True))
+    assert scheduled.run_after == datetime(2026, 11, 12, 4, 30, tzinfo=UTC)
+    assert airflow_tasks._day({}, scheduled.logical_date) == date(2026, 11, 11)
+
+    class _Run:
+        run_after = datetime(2026, 11, 12, 10, 15, tzinfo=UTC)
+
+    monkeypatch.setattr(airflow.sdk, "get_current_context", lambda: {"dag_run": _Run()})
+    assert airflow_tasks._day({}, None) == date(2026, 11, 11)
+    assert airflow_tasks._day({"date": "2026-11-03"}, None) == date(2026, 11, 3)
+
+
+@pytest.mark.parametrize("try_number, max_tries, retried", [(1, 2, True), (2, 2, True), (3, 2, False), (1, 0, False)])
+def test_a_source_down_fails_the_rule_task_while_airflow_has_retries_then_the_night_goes_on(
+        tmp_path, monkeypatch, try_number, max_tries, retried):
+    import airflow.sdk
+
+    from seedance_tasks.errors import UnavailableError
+    from seedance_tasks.signals import airflow_tasks
+
+    class _Instance:
+        pass
+
+    instance = _Instance()
+    instance.try_number, instance.max_tries = try_number, max_tries
+    monkeypatch.setattr(airflow.sdk, "get_current_context", lambda: {"ti": instance})
+    params = {"out": str(tmp_path / "out"), "metrics": "http://127.0.0.1:9"}  # nothing listens there
+    night = {"date": "2026-11-11"}
+    written = tmp_path / "out/nights/2026-11-11/rules/gpu-util-drop.json"
+    if retried:
+        with pytest.raises(UnavailableError, match="unreachable") as raised:
+            airflow_tasks.evaluate_task("gpu-util-drop", night, params)
+        assert "Airflow retries this rule" in raised.value.hint and not written.exists()
+    else:
+        summary = airflow_tasks.evaluate_task("gpu-util-drop", night, params)
+        assert summary["skipped"].startswith("failed: ") and "unreachable" in summary["skipped"]
+        assert json.loads(written.read_text())["error"]["retryable"] is True
