@@ -166,6 +166,8 @@ def boto3_client(service: str, s3_settings=None):
 def resolve(uri: str | os.PathLike[str]) -> Location:
     """The Location of `uri`: a local path, `file:///abs/path` (percent-decoded), or `s3://bucket/key`."""
     text = os.fspath(uri)
+    if not text.strip():  # an unset shell variable, a blank form field: never the current directory by accident
+        raise UsageError(f"empty path or URI: {text!r}", hint="give a local path, file:///path or s3://bucket/prefix")
     if text.startswith("s3://"):
         path = text[len("s3://"):].strip("/")
         if not path:
@@ -206,6 +208,11 @@ class Listing:
     symlinks: list[str]  # relative to the listed location, directories and files alike
     # local names that are not UTF-8 (pyarrow cannot open them), relative, undecodable bytes as \xNN
     undecodable: list[str] = field(default_factory=list)
+    # local entries that are neither a regular file, a directory nor a symlink (FIFOs, sockets,
+    # devices): never opened (a FIFO blocks its reader), relative
+    special: list[str] = field(default_factory=list)
+    # S3 keys with a `.` or `..` component (`src/../x`): no path names them as listed, relative
+    dot_keys: list[str] = field(default_factory=list)
 
 
 def list_tree(location: Location, *, include_hidden: bool = False) -> Listing:
@@ -213,7 +220,10 @@ def list_tree(location: Location, *, include_hidden: bool = False) -> Listing:
 
     Hidden files and directories (`_`/`.` prefix, which includes `_seedance/`) are left out unless
     `include_hidden`. On local disk a symlink (to a file or a directory, inside the root or not)
-    is never followed: it is reported in `symlinks` so the caller can skip it and say so.
+    is never followed: it is reported in `symlinks` so the caller can skip it and say so; a FIFO,
+    socket or device is never opened and is reported in `special`. On S3 a key with a `.` or `..`
+    component (`src/../x`) is not skipped as hidden: unless `include_hidden`, it is reported in
+    `dot_keys` instead of listed.
     """
     info = location.fs.get_file_info(location.path)
     if info.type == pafs.FileType.NotFound:
@@ -222,13 +232,16 @@ def list_tree(location: Location, *, include_hidden: bool = False) -> Listing:
         return Listing([info], [])
     if location.is_s3:
         selector = pafs.FileSelector(location.path, recursive=True, allow_not_found=True)
-        files = [
-            item
-            for item in location.fs.get_file_info(selector)
-            if item.type == pafs.FileType.File
-            and (include_hidden or not is_hidden(location.relative(item.path)))
-        ]
-        return Listing(sorted(files, key=lambda item: item.path), [])
+        files, dot_keys = [], []
+        for item in location.fs.get_file_info(selector):
+            if item.type != pafs.FileType.File:
+                continue
+            relative = location.relative(item.path)
+            if include_hidden or not is_hidden(relative):
+                files.append(item)
+            elif any(part in (".", "..") for part in relative.split("/")):  # not hidden: reported, never read
+                dot_keys.append(relative)
+        return Listing(sorted(files, key=lambda item: item.path), [], dot_keys=sorted(dot_keys))
     return _walk_local(location, include_hidden)
 
 
@@ -236,6 +249,7 @@ def _walk_local(location: Location, include_hidden: bool) -> Listing:
     paths: list[str] = []
     symlinks: list[str] = []
     undecodable: list[str] = []
+    special: list[str] = []
     pending = [location.path]
     while pending:
         directory = pending.pop()
@@ -255,8 +269,11 @@ def _walk_local(location: Location, include_hidden: bool) -> Listing:
                 pending.append(entry.path)
             elif entry.is_file(follow_symlinks=False):
                 paths.append(entry.path)
+            else:
+                special.append(relative)
     files = location.fs.get_file_info(sorted(paths)) if paths else []
-    return Listing([item for item in files if item.type == pafs.FileType.File], sorted(symlinks), sorted(undecodable))
+    return Listing([item for item in files if item.type == pafs.FileType.File], sorted(symlinks), sorted(undecodable),
+                   sorted(special))
 
 
 def is_utf8(name: str) -> bool:

@@ -31,7 +31,7 @@ from seedance_tasks.errors import IntegrityError, RefusedError, UsageError
 from seedance_tasks.shards import index as shard_index
 from seedance_tasks.shards.checks import sample_checker
 from seedance_tasks.shards.settings import ShardSettings
-from seedance_tasks.shards.sources import iter_source_samples, open_source
+from seedance_tasks.shards.sources import iter_source_samples, open_source, special_kind
 from seedance_tasks.shards.tario import END_OF_ARCHIVE, TarShardWriter, open_sink, sample_bytes
 
 log = logging.getLogger(__name__)
@@ -68,6 +68,20 @@ def _refuse_out_in_source(src: str, out: str, source_loc, out_loc) -> None:
     if out_path == source_path or out_path.startswith(source_path + "/"):
         raise UsageError(f"--out {out} is inside the source {src}",
                          hint="write the shards outside SRC (e.g. next to it, SRC-shards)")
+
+
+def _refuse_out_not_directory(out: str, out_loc) -> None:
+    """UsageError if OUT, or the nearest of its parents that exists, is on local disk and is not a
+    directory (a file, a FIFO, a device): no shard could be written below it."""
+    if out_loc.scheme != "file":
+        return
+    path = out_loc.path
+    while not os.path.lexists(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    if not os.path.isdir(path):
+        what = "it" if path == out_loc.path else f"its parent {path}"
+        raise UsageError(f"--out {out}: {what} is a {special_kind(path)}, not a directory",
+                         hint="write the shards into a directory (a new one, or an empty one)")
 
 
 def _existing(out) -> dict | None:
@@ -112,6 +126,7 @@ def build(
     started = time.perf_counter()
     out_loc = storage.resolve(out)
     _refuse_out_in_source(src, out, storage.resolve(src), out_loc)
+    _refuse_out_not_directory(out, out_loc)
     source = open_source(src, required=settings.required_members, key_column=settings.key_column,
                          max_member_size=int(settings.max_member_size))
     if read_workers is None:  # local reads are memory copies: 2 threads; S3 GETs wait on the network: 8

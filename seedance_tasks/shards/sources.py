@@ -9,14 +9,17 @@ Each source yields `(key, members)` for good samples and reports bad ones (`Reje
 missing a required member, a file or row group that cannot be read, a sample the caller's check
 refuses (an image that does not decode). Nothing is dropped silently. A source never reads
 outside its root: a symbolic link in it (to a file or a directory) is not followed, and is
-reported once.
+reported once; so is a FIFO, socket or device file (never opened) and an S3 key with a `.` or `..`
+component (never read).
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
 import posixpath
 import random
+import stat
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,6 +38,9 @@ from seedance_tasks.storage import Location
 READ_CHUNK = 16  # samples per read task: amortises the thread pool's per-task cost on small files
 SYMLINK_REASON = "symbolic link: not followed (a source is never read outside its root)"
 UNDECODABLE_REASON = "file name is not UTF-8 (shown with \\xNN escapes): not read; rename it to pack it"
+DOT_KEY_REASON = ("S3 key with a `.` or `..` component: not read (it names another place than it is listed at; "
+                  "rename it without them to pack it)")
+SPECIAL_REASON = "{kind}, not a regular file: never opened (reading a FIFO or a device can block or never end)"
 
 Check = Callable[[str, dict], "str | None"]  # (key, members) -> why the sample is refused, or None
 
@@ -79,16 +85,27 @@ def open_source(uri: str, *, required: list[str] | None = None, key_column: str 
     one file that is not Parquet.
     """
     location = storage.resolve(uri)
-    if storage.is_file(location.fs, location.path) and not location.path.endswith(".parquet"):
+    kind = location.fs.get_file_info(location.path).type
+    if kind == pafs.FileType.File and not location.path.endswith(".parquet"):
         raise UsageError(f"{uri} is a file, not a dataset directory",
+                         hint="point SRC at the directory of sample files (or at a Parquet file or dataset)")
+    if kind not in (pafs.FileType.File, pafs.FileType.Directory, pafs.FileType.NotFound):
+        raise UsageError(f"{uri} is a {special_kind(location.path)}, not a dataset directory",
                          hint="point SRC at the directory of sample files (or at a Parquet file or dataset)")
     listing = storage.list_tree(location)
     files = listing.files
     unread = [Rejected(None, relative, SYMLINK_REASON) for relative in listing.symlinks]
     unread += [Rejected(None, relative, UNDECODABLE_REASON) for relative in listing.undecodable]
+    unread += [Rejected(None, relative, SPECIAL_REASON.format(kind=special_kind(location.join(relative))))
+               for relative in listing.special]
+    unread += [Rejected(None, relative, DOT_KEY_REASON) for relative in listing.dot_keys]
     skipped = [f"{len(listing.symlinks)} symbolic link(s), not followed"] if listing.symlinks else []
     if listing.undecodable:
         skipped.append(f"{len(listing.undecodable)} name(s) that are not UTF-8, not read")
+    if listing.special:
+        skipped.append(f"{len(listing.special)} FIFO(s), socket(s) or device(s), not opened")
+    if listing.dot_keys:
+        skipped.append(f"{len(listing.dot_keys)} key(s) with a `.` or `..` component, not read")
     if not files:
         raise InputError(
             f"no sample files under {uri}" + (f" ({'; '.join(skipped)})" if skipped else ""),
@@ -104,6 +121,21 @@ def open_source(uri: str, *, required: list[str] | None = None, key_column: str 
             )
         return Source(uri, "parquet", location, parquet, list(required or []), key_column, rejected=unread)
     return _files_source(uri, location, files, required, unread, max_member_size)
+
+
+def special_kind(path: str) -> str:
+    """What the local entry at `path` is, in words (`FIFO (named pipe)`, `socket`, `character device`,
+    ...), from its lstat: the entry is never opened."""
+    try:
+        mode = os.lstat(path).st_mode
+    except OSError:
+        return "file that could not be examined"
+    for test, name in ((stat.S_ISREG, "file"), (stat.S_ISFIFO, "FIFO (named pipe)"), (stat.S_ISSOCK, "socket"),
+                       (stat.S_ISCHR, "character device"), (stat.S_ISBLK, "block device"),
+                       (stat.S_ISDIR, "directory"), (stat.S_ISLNK, "symbolic link")):
+        if test(mode):
+            return name
+    return "special file"
 
 
 def _files_source(uri: str, location: Location, files: list, required: list[str] | None,

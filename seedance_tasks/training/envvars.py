@@ -208,29 +208,38 @@ def validate(overrides: dict[str, object], *, source: str = "overrides") -> dict
     """`overrides` as strings if every name is read by its library and every value is a string
     (without control characters), a number or a boolean (as 1/0); else UsageError naming each bad
     name with the one to use instead, or the bad value. Values of None are dropped."""
-    problems, clean = [], {}
+    bad_names, bad_values, clean = [], [], {}
     for name, value in overrides.items():
         if value is None:
             continue
         if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
-            problems.append(f"{name!r} is not an environment variable name")
+            bad_names.append(f"{name!r} is not an environment variable name")
             continue
         text, problem = _as_value(name, value)
         if problem:
-            problems.append(problem)
+            bad_values.append(problem)
             continue
         verdict = check(name, text)
         if verdict.ok:
             clean[name] = text
             continue
+        if verdict.reader is not None:  # a variable its library reads, with a value it rejects
+            bad_values.append(verdict.reason)
+            continue
         text = f"{name}: {verdict.reason}"
         if verdict.suggestion:
             text += f" (use {verdict.suggestion})"
-        problems.append(text)
-    if problems:
+        bad_names.append(text)
+    if bad_names or bad_values:
+        hints = []
+        if bad_names:
+            hints.append("set only variables NCCL or PyTorch read")
+        if bad_values:
+            hints.append("give each variable a value its library accepts (a string or a number, one line, "
+                         "from the choices named)")
         raise UsageError(
-            f"refused {source}: " + "; ".join(problems),
-            hint="set only variables NCCL or PyTorch read; see docs/training.md#environment",
+            f"refused {source}: " + "; ".join(bad_names + bad_values),
+            hint="; ".join(hints) + "; see docs/training.md#environment",
         )
     return clean
 

@@ -8,6 +8,7 @@ Every parser takes plain text and tolerates the usual prefixes (`host:pid:tid [d
 
 from __future__ import annotations
 
+import math
 import re
 from collections import Counter
 from typing import Any
@@ -49,10 +50,13 @@ _COMM_RE = re.compile(
 _INIT_DONE_RE = re.compile(r"NCCL INFO (?:ncclComm\w+ )?comm 0x[0-9a-f]+ rank \d+ nranks \d+ .*Init COMPLETE")
 _WARN_RE = re.compile(r"NCCL WARN (.*)$")
 _NCCL_RE = re.compile(r"NCCL (INFO|WARN)")
+# a timing or bandwidth cell: a number, or the nan/inf printf gives for a zero or failed timing
+# (read, so that the row is reported rather than dropped)
+_PERF_NUMBER = r"(?:\d+(?:\.\d*)?|[-+]?(?i:nan|inf))"
 _PERF_ROW_RE = re.compile(  # out-of-place columns, then in-place ones where the table has them
     r"^\s*(?P<size>\d+)\s+(?P<count>\d+)\s+(?P<type>\w+)\s+(?P<redop>\w+)\s+(?P<root>-?\d+)\s+"
-    r"(?P<t1>[\d.]+)\s+(?P<a1>[\d.]+)\s+(?P<b1>[\d.]+)\s+(?P<w1>\S+)"
-    r"(?:\s+(?P<t2>[\d.]+)\s+(?P<a2>[\d.]+)\s+(?P<b2>[\d.]+)\s+(?P<w2>\S+))?\s*$"
+    rf"(?P<t1>{_PERF_NUMBER})\s+(?P<a1>{_PERF_NUMBER})\s+(?P<b1>{_PERF_NUMBER})\s+(?P<w1>\S+)"
+    rf"(?:\s+(?P<t2>{_PERF_NUMBER})\s+(?P<a2>{_PERF_NUMBER})\s+(?P<b2>{_PERF_NUMBER})\s+(?P<w2>\S+))?\s*$"
 )
 _PERF_RANK_RE = re.compile(r"^#\s+Rank\s+(\d+)\s+Group")
 _AVG_BUSBW_RE = re.compile(r"#\s*Avg bus bandwidth\s*:\s*([\d.]+)")
@@ -61,13 +65,14 @@ _OUT_OF_BOUNDS_RE = re.compile(r"#\s*Out of bounds values\s*:\s*(\d+)")
 # now; older releases had no root column (all_reduce), no redop (broadcast) and an `error` column
 # (the largest difference seen, not a count) where #wrong is now
 _PERF_HEADER_RE = re.compile(r"^#\s*size\s+count\s+type\b.*\btime\s+algbw\s+busbw\b")
-_PERF_NUMBER_RE = re.compile(r"^\d+(?:\.\d*)?$")
+_PERF_NUMBER_RE = re.compile(rf"^{_PERF_NUMBER}$")
 _FORCED_RE = re.compile(r"\b(NCCL_ALGO|NCCL_PROTO)=(\S+)")
 _LAUNCH_RE = re.compile(r"^\$ .*torch\.distributed\.run")  # the header `seedance train launch` writes
 # what a launcher puts before each line of a rank's output: Slurm's `srun --label` (the task id,
 # right-aligned: optional spaces, digits, a colon and one space; outermost, so only at the very
 # start), then torchrun, PyTorch's rank tag, mpirun --tag-output
 _LINE_PREFIX_RE = re.compile(r"^(?: *\d+: )?(?:\[default\d+\]:|\[rank\d+\]:|\[\d+,\d+\]<std(?:out|err)>:)*")
+_PREFIX_RANK_RE = re.compile(r"\[rank(\d+)\]:")  # PyTorch's tag: the global rank that printed the line
 _SATURATION_BYTES = 256 * 1024**2  # all_reduce busbw keeps rising below this on NVLink machines
 
 # Every NCCL WARN line and NCCL error code lands in one of these classes, and each class reaches
@@ -159,6 +164,13 @@ def _lines(text: str) -> list[str]:
     return [_LINE_PREFIX_RE.sub("", line) for line in text.splitlines()]
 
 
+def _prefix_rank(line: str) -> int | None:
+    """The global rank PyTorch's `[rankN]:` tag in the launcher prefix of `line` names (the innermost
+    one), or None where the prefix has none."""
+    tags = _PREFIX_RANK_RE.findall(_LINE_PREFIX_RE.match(line).group(0))
+    return int(tags[-1]) if tags else None
+
+
 def expected_busbw_of(profile: Profile, link: str | None) -> float | None:
     """`profile`'s expected all_reduce bus bandwidth (GB/s) for GPU `link` (default: its highest);
     None where it has no figures; UsageError naming the known links for a link it has none for."""
@@ -202,12 +214,13 @@ def parse_nccl_log(text: str) -> dict[str, Any]:
     forced: dict[str, str] = {}
     nccl_lines = 0
     lines = _lines(text)
-    for line in lines:
+    for raw, line in zip(text.splitlines(), lines, strict=True):
         if _NCCL_RE.search(line):
             nccl_lines += 1
         if found := list(_TIMEOUT_RE.finditer(line)):  # two ranks' messages can share a line
+            tagged = _prefix_rank(raw)  # for a message that names no rank itself
             timeouts.extend({
-                "rank": _int_or_none(match["rank"]), "op": match["op"], "seq": _int_or_none(match["seq"]),
+                "rank": _int_or_none(match["rank"]) if match["rank"] is not None else tagged, "op": match["op"], "seq": _int_or_none(match["seq"]),
                 "timeout_ms": int(match["timeout"]), "ran_ms": int(match["ran"]),
                 "numel": int(match["numel"]) if match["numel"] else None,
             } for match in found)
@@ -330,8 +343,10 @@ def parse_nccl_tests(text: str) -> dict[str, Any]:
     / in-place time (us), algbw and busbw (GB/s), #wrong; plus ranks, forced algorithm, average and
     the `Out of bounds values` count. Rows are read by the names of the table's header where it
     is in the log (older releases: no root column, an `error` column instead of #wrong), else as
-    today's layout."""
+    today's layout. A row whose time or bandwidth is nan/inf is left out of `rows` (and of the peak)
+    and listed in `unreadable_rows` with its size and those values."""
     rows: list[dict[str, Any]] = []
+    unreadable: list[dict[str, Any]] = []
     ranks: set[int] = set()
     average = out_of_bounds = None
     columns: list[str] | None = None
@@ -349,7 +364,14 @@ def parse_nccl_tests(text: str) -> dict[str, Any]:
             columns = _perf_columns(line)
             continue
         row = (_perf_row_by_header(columns, line) if columns else None) or _perf_row(line)
-        if row is not None:
+        if row is None:
+            continue
+        bad = {f"{part} {key}": row[part][key] for part in ("out_of_place", "in_place") if part in row
+               for key in ("time_us", "algbw", "busbw") if not math.isfinite(row[part][key])}
+        if bad:
+            unreadable.append({"size": row["size"], "values": {key: str(value) for key, value in bad.items()},
+                               "line": line.strip()})
+        else:
             rows.append(row)
     inferred = None
     for row in rows:  # all_reduce: busbw = algbw * 2(n-1)/n  =>  n = 2 / (2 - ratio)
@@ -360,6 +382,7 @@ def parse_nccl_tests(text: str) -> dict[str, Any]:
                 inferred = round(2 / (2 - ratio))
     return {
         "rows": rows,
+        "unreadable_rows": unreadable,
         "ranks": len(ranks) or None,
         "ranks_inferred": inferred,
         "average_busbw": average,
@@ -449,6 +472,13 @@ def _verdict(log: dict[str, Any], perf: dict[str, Any], expected_busbw: float | 
     for name, value in log["forced"].items():
         add("warning", f"{name}={value} is forced: a debugging knob that overrides NCCL's tuning",
             f"remove {name} unless the platform's vendor prescribes it")
+    if perf["unreadable_rows"]:
+        sizes = ", ".join(f"{row['size']} B ({', '.join(f'{key} {value}' for key, value in row['values'].items())})"
+                          for row in perf["unreadable_rows"][:5])
+        more = len(perf["unreadable_rows"]) - 5
+        add("warning", f"nccl-tests row(s) of size {sizes}{f' and {more} more' if more > 0 else ''}: not a number, "
+            "so left out of the peak bandwidth",
+            "rerun those sizes with more iterations (-n, -w); a nan time or bandwidth is a zero or failed timing")
     if perf["rows"]:
         peak, largest = perf["peak_busbw"], perf["largest_size"]
         if perf["wrong"] or perf["out_of_bounds"]:
@@ -521,6 +551,7 @@ def report(text: str, *, expected_busbw: float | None = None, no_expectation: st
             "largest_size": perf["largest_size"],
             "ranks": perf["ranks"] or perf["ranks_inferred"],
             "expected_busbw": expected_busbw,
+            "unreadable_rows": perf["unreadable_rows"],
         } if perf["rows"] else None,
         "verdict": _verdict(log, perf, expected_busbw, no_expectation),
     }

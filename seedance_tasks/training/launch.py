@@ -434,6 +434,7 @@ def launch(
         raise UsageError(f"checkpoint_every must be a step count >= 0 or auto, not {every!r}",
                          hint="e.g. 50, 0 (only at the end) or auto (Young-Daly)")
     sched = batch_schedule.RunSchedule.from_settings(cfg.schedule, steps, **(schedule or {}))
+    batch_schedule.check_accumulation(sched, plan["nodes"] * plan["nproc_per_node"])  # before torchrun starts
     job = {
         "backend": plan["backend"],
         "steps": steps,

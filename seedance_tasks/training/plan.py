@@ -6,6 +6,7 @@ reads (`envvars.check`); a profile file or an override that names another is ref
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from dataclasses import dataclass
@@ -42,6 +43,46 @@ class Profile:
     source: list[str]
 
 
+PROFILES_HINT = "see the layout in config/nccl_profiles.yaml: `profiles: {NAME: {env: {VARIABLE: value}}}`"
+
+
+def _mapping(value: object, path: str, where: str) -> dict:
+    """`value` as a dict ({} for an empty one); ConfigError naming `path` and `where` (the profile and
+    key) when the file holds a list, a string or a number there instead of a mapping."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ConfigError(f"NCCL profiles file {path}: {where} must be a mapping (NAME: value), "
+                          f"not a {type(value).__name__}", hint=PROFILES_HINT)
+    return value
+
+
+def _list(value: object, path: str, where: str) -> list:
+    """`value` as a list (a lone string is a one-item list); ConfigError naming `path` and `where`
+    for a mapping or a number."""
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [value]
+    if not isinstance(value, list):
+        raise ConfigError(f"NCCL profiles file {path}: {where} must be a list, not a {type(value).__name__}",
+                          hint=PROFILES_HINT)
+    return value
+
+
+def _busbw(value: object, path: str, where: str) -> dict[str, float]:
+    """`expected_busbw_gbps` as {link type: GB/s}; ConfigError naming the link type on a value that
+    is not a positive finite number."""
+    table = {}
+    for kind, gbps in _mapping(value, path, where).items():
+        number = gbps if isinstance(gbps, int | float) and not isinstance(gbps, bool) else None
+        if number is None or not math.isfinite(number) or number <= 0:
+            raise ConfigError(f"NCCL profiles file {path}: {where}.{kind}={gbps!r} is not a positive number "
+                              "of GB/s", hint=PROFILES_HINT)
+        table[str(kind)] = float(number)
+    return table
+
+
 @lru_cache(maxsize=8)
 def _load(path: str) -> tuple[dict[str, Profile], dict[str, dict[str, str]]]:
     try:
@@ -50,32 +91,36 @@ def _load(path: str) -> tuple[dict[str, Profile], dict[str, dict[str, str]]]:
         raise ConfigError(f"NCCL profiles file not found: {path}") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"NCCL profiles file {path} is not valid YAML: {yaml_problem(exc)}", hint=YAML_HINT) from None
+    data = _mapping(data, path, "the file")
     unknown = set(data) - {"common", "profiles"}
     if unknown:
         raise ConfigError(f"{path}: unknown top-level key(s) {sorted(unknown)}")
     # validate gives the values as the environment holds them (YAML's true/yes: 1, never "True")
-    common = {key: envvars.validate(dict(value or {}), source=f"{path}: common.{key}")
-              for key, value in (data.get("common") or {}).items()}
+    common = {key: envvars.validate(_mapping(value, path, f"common.{key}"), source=f"{path}: common.{key}")
+              for key, value in _mapping(data.get("common"), path, "common").items()}
     profiles: dict[str, Profile] = {}
     allowed = {"description", "match", "backend", "env", "nic_per_rank", "expected_busbw_gbps", "notes", "source"}
-    for name, body in (data.get("profiles") or {}).items():
-        body = body or {}
+    for name, body in _mapping(data.get("profiles"), path, "profiles").items():
+        body = _mapping(body, path, f"profile {name!r}")
         extra = set(body) - allowed
         if extra:
             raise ConfigError(f"{path}: profile {name!r} has unknown key(s) {sorted(extra)}")
-        env = envvars.validate(dict(body.get("env") or {}), source=f"{path}: profile {name}")
+        env = envvars.validate(_mapping(body.get("env"), path, f"profile {name!r} key env"),
+                               source=f"{path}: profile {name}")
         # placeholders are checked with a representative value
         envvars.validate({k: v.replace("{ib_hca}", "=mlx5_0") for k, v in env.items()}, source=f"{path}: profile {name}")
+        match = body.get("match")
         profiles[name] = Profile(
             name=name,
             description=str(body.get("description", "")),
             env=env,
-            match=body.get("match"),
+            match=_mapping(match, path, f"profile {name!r} key match") if match is not None else None,
             backend=body.get("backend"),
             nic_per_rank=bool(body.get("nic_per_rank", False)),
-            expected_busbw_gbps={str(k): float(v) for k, v in (body.get("expected_busbw_gbps") or {}).items()},
-            notes=list(body.get("notes") or []),
-            source=list(body.get("source") or []),
+            expected_busbw_gbps=_busbw(body.get("expected_busbw_gbps"), path,
+                                       f"profile {name!r} key expected_busbw_gbps"),
+            notes=_list(body.get("notes"), path, f"profile {name!r} key notes"),
+            source=_list(body.get("source"), path, f"profile {name!r} key source"),
         )
     if not profiles:
         raise ConfigError(f"{path}: no profiles")

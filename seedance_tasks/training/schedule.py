@@ -6,12 +6,20 @@ either; the effective batch is realised through gradient accumulation:
 batch (square-root rule for Adam(W), linear for SGD, or as configured), and neither the batch
 nor the LR scaling goes past the critical batch size. When the world size changes (a restart on
 fewer or more nodes), the target global batch is kept and only the accumulation changes.
+
+A schedule needing more than `MAX_ACCUMULATION` micro-batches per rank per step is refused
+(`check_accumulation`): even at a millisecond each, one step would take over a minute, so a batch
+that large is a typo (an extra zero or two), never a plan.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+
+from seedance_tasks.errors import ConfigError
+
+MAX_ACCUMULATION = 65536
 
 
 @dataclass(frozen=True)
@@ -60,6 +68,27 @@ def accumulation(batch: int, micro_batch: int, world_size: int) -> int:
     return max(1, int(round(batch / (micro_batch * world_size))))
 
 
+def check_accumulation(schedule, world_size: int) -> int:
+    """The largest accumulation any step of `schedule` needs on `world_size` ranks; ConfigError
+    naming the `training.schedule` key that asks for it, and the accumulation, where it is more than
+    MAX_ACCUMULATION."""
+    batches = {"start_batch": schedule.start_batch, "peak_batch": schedule.peak_batch,
+               "end_batch": schedule.end_batch}
+    key = max(batches, key=batches.get)
+    if schedule.critical_batch and schedule.critical_batch < batches[key]:
+        key, batches[key] = "critical_batch", schedule.critical_batch
+    worst = accumulation(batches[key], schedule.micro_batch, world_size)
+    if worst > MAX_ACCUMULATION:
+        most = MAX_ACCUMULATION * schedule.micro_batch * world_size
+        raise ConfigError(
+            f"training.schedule.{key}={batches[key]} needs {worst} gradient-accumulation passes per step "
+            f"(micro_batch {schedule.micro_batch} x world size {world_size}); more than {MAX_ACCUMULATION} "
+            "is taken for a typo",
+            hint=f"lower {key} (at most {most} on {world_size} rank(s)) or raise micro_batch",
+        )
+    return worst
+
+
 def lr_rule(schedule) -> str:
     if schedule.lr_scaling != "auto":
         return schedule.lr_scaling
@@ -88,8 +117,10 @@ def plan_step(step: int, schedule, world_size: int) -> StepPlan:
 
 
 def table(schedule, world_size: int, steps: int | None = None) -> list[dict]:
-    """The whole run, one row per step (for reports and `train plan`)."""
+    """The whole run, one row per step (for reports and `train plan`); ConfigError where a step
+    needs more than MAX_ACCUMULATION micro-batches (`check_accumulation`)."""
     count = steps if steps is not None else schedule_total(schedule)
+    check_accumulation(schedule, world_size)
     return [plan_step(step, schedule, world_size).to_dict() for step in range(count)]
 
 

@@ -232,9 +232,11 @@ def _cells(line: str, tabbed: bool) -> list[tuple[int, str]]:
 class _Matrix:
     columns: list[str]
     rows: list[tuple[int, str]] = field(default_factory=list)  # (line number, line)
+    header: str = ""
     tabbed: bool = False
     legend: dict[str, str] = field(default_factory=dict)
     legend_has_nvlink: bool | None = None
+    margin: str | None = None  # what every row starts with (a whole pasted block's indentation); None until the first
 
 
 def _split_matrices(text: str, source: str) -> list[_Matrix]:
@@ -247,7 +249,7 @@ def _split_matrices(text: str, source: str) -> list[_Matrix]:
         if stripped.startswith(("#", "$")):
             continue
         if _is_header(line):
-            current = _Matrix(_header_columns(line), tabbed="\t" in line)
+            current = _Matrix(_header_columns(line), tabbed="\t" in line, header=line)
             matrices.append(current)
             in_legend = in_nic_legend = False
             continue
@@ -270,8 +272,16 @@ def _split_matrices(text: str, source: str) -> list[_Matrix]:
                 current.legend_has_nvlink = True
             continue
         label = stripped.split()[0]
-        if line[0] not in " \t" and _DEVICE_RE.match(label):
-            current.rows.append((number, line))
+        if current.margin is None and _DEVICE_RE.match(label):
+            # rows start at column 0; a matrix indented as a whole (pasted from markdown) indents
+            # its header by the same margin, which is stripped from every row
+            lead = line[: len(line) - len(line.lstrip(" \t"))]
+            current.margin = lead if current.header.startswith(lead) else ""
+            header = current.header[len(current.margin):]
+            current.columns, current.tabbed = _header_columns(header), "\t" in header
+        margin = current.margin or ""
+        if line.startswith(margin) and line[len(margin)] not in " \t" and _DEVICE_RE.match(label):
+            current.rows.append((number, line[len(margin):]))
         else:
             raise InputError(
                 f"{source}:{number}: not a row of an `nvidia-smi topo -m` matrix: {stripped[:60]!r}",

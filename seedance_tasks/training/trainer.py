@@ -403,6 +403,7 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # cuBLAS determinism needs it
     torch.use_deterministic_algorithms(True, warn_only=device.type == "cuda")
     model_cfg, sched = job["model"], batch_schedule.RunSchedule(**job["schedule"])
+    batch_schedule.check_accumulation(sched, world)  # a restart on fewer ranks needs more accumulation
     torch.manual_seed(job["seed"])
     model = TinyGPT(**model_cfg).to(device)
     ddp = DistributedDataParallel(model, device_ids=[local_rank] if device.type == "cuda" else None)

@@ -164,6 +164,19 @@ def test_an_s3_key_pyarrow_cannot_open_rejects_its_sample_and_the_build_goes_on(
     assert [(item["key"], "unreadable member b.cls" in item["reason"]) for item in result["rejected"]] == [("a//b", True)]
 
 
+def test_s3_keys_with_dot_components_are_rejected_with_the_reason_not_skipped_as_hidden(tmp_path, s3_bucket):
+    from seedance_tasks.storage import boto3_client
+
+    client = boto3_client("s3")
+    for key in ("src/../evil.cls", "src/./x.cls", "src/a/../b.cls", "src/ok.cls", "src/_hidden.cls", "src/.dot/y.cls"):
+        client.put_object(Bucket=s3_bucket, Key=key, Body=b"1")
+    result = build(f"s3://{s3_bucket}/src", str(tmp_path / "out"), settings=PLAIN)
+    assert webdataset_samples(tmp_path / "out") == {"ok": ["cls"]}
+    why = {item["source"]: item["reason"] for item in result["rejected"]}
+    assert sorted(why) == ["../evil.cls", "./x.cls", "a/../b.cls"]  # truly hidden names stay quietly skipped
+    assert all("`.` or `..` component" in reason for reason in why.values())
+
+
 def test_a_parquet_file_with_a_column_name_twice_rejects_its_row_groups_and_the_build_goes_on(tmp_path):
     src = tmp_path / "src"
     src.mkdir()

@@ -221,6 +221,48 @@ def test_a_symlinked_parquet_file_is_not_read(tmp_path):
     assert [item["source"] for item in result["rejected"]] == ["part-1.parquet"]
 
 
+def test_fifos_sockets_and_devices_in_a_source_are_reported_and_never_opened(tmp_path, monkeypatch):
+    import socket
+
+    src = tmp_path / "src"
+    keys = make_sample_files(src, 3)
+    (src / "sub").mkdir()
+    os.mkfifo(src / "sample-000009.jpg")  # opening it for reading would block the build forever
+    os.mkfifo(src / "sub" / "pipe.cls")
+    monkeypatch.chdir(src)  # a socket's path must be short
+    with socket.socket(socket.AF_UNIX) as server:
+        server.bind("sock.cls")
+        result = build(str(src), str(tmp_path / "shards"))
+    why = {item["source"]: item["reason"] for item in result["rejected"]}
+    assert why == {
+        "sample-000009.jpg": "FIFO (named pipe), not a regular file: never opened (reading a FIFO or a device can "
+                             "block or never end)",
+        "sub/pipe.cls": why["sub/pipe.cls"], "sock.cls": why["sock.cls"],
+    }
+    assert why["sub/pipe.cls"].startswith("FIFO") and why["sock.cls"].startswith("socket, not a regular file")
+    assert sorted(read_keys(tmp_path / "shards")) == keys
+    report = json.loads((tmp_path / "shards" / "_seedance" / "reports" / f"build-{result['run_id']}.json").read_text())
+    assert {item["source"] for item in report["rejected"]} == set(why)
+
+
+@pytest.mark.parametrize("make", ["fifo", "file"])
+def test_a_source_or_output_that_is_a_fifo_is_a_usage_error_from_the_library_too(tmp_path, make):
+    from seedance_tasks.errors import UsageError
+
+    make_sample_files(tmp_path / "src", 2)
+    odd = tmp_path / "odd"
+    os.mkfifo(odd) if make == "fifo" else odd.write_bytes(b"x")
+    if make == "fifo":
+        with pytest.raises(UsageError, match="is a FIFO .named pipe., not a dataset directory"):
+            build(str(odd), str(tmp_path / "out"))
+    with pytest.raises(UsageError, match=r"--out .*odd: it is a (FIFO|file)"):
+        build(str(tmp_path / "src"), str(odd))
+    with pytest.raises(UsageError, match=r"its parent .*odd is a (FIFO|file)"):
+        build(str(tmp_path / "src"), str(odd / "deeper" / "out"))
+    result = CliRunner().invoke(app, ["shards", "build", str(tmp_path / "src"), "--out", str(odd / "out")])
+    assert result.exit_code != 0 and "error:" in result.output and "Traceback" not in result.output
+
+
 # --------------------------------------------------------------------------- publish interrupted, lease
 
 

@@ -395,3 +395,29 @@ def test_two_ranks_timeouts_written_into_one_line_are_both_read_and_a_cut_one_is
     assert [(t["rank"], t["ran_ms"]) for t in health.report(glued + "\n")["timeouts"]] == [(1, 600021), (0, 600020)]
     cut = one.format(rank=1)[:110] + one.format(rank=0)  # rank 1's message cut short by rank 0's
     assert [(t["rank"], t["ran_ms"]) for t in health.report(cut + "\n")["timeouts"]] == [(0, 600020)]
+
+
+def test_a_nan_row_of_nccl_tests_is_reported_naming_its_size():
+    header = ("#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   "
+              "busbw #wrong\n")
+    good = "  1073741824     268435456     float     sum      -1   5000.0  214.75  375.81      0   5000.0  214.75  375.81      0\n"
+    bad = "  2147483648     536870912     float     sum      -1      nan     nan    -nan      0   9000.0  238.60  417.56      0\n"
+    for text in (header + good + bad, good + bad):  # read by the header, and without one
+        r = health.report(text)
+        assert [row["size"] for row in r["bandwidth"]["rows"]] == [1073741824]
+        assert r["bandwidth"]["unreadable_rows"][0]["size"] == 2147483648
+        assert r["verdict"]["status"] == "warning"
+        assert "2147483648" in r["verdict"]["cause"] and "nan" in r["verdict"]["cause"]
+    alone = health.report(header + bad)
+    assert alone["verdict"]["status"] == "warning" and "2147483648" in alone["verdict"]["cause"]
+
+
+def test_a_watchdog_message_without_a_rank_takes_the_rank_of_its_line_prefix():
+    message = ("Watchdog caught collective operation timeout: WorkNCCL(SeqNum=42, OpType=ALLREDUCE, NumelIn=1024, "
+               "NumelOut=1024, Timeout(ms)=600000) ran for 600042 milliseconds before timing out.")
+    text = (f"[rank3]:[E1202 10:00:00.000 ProcessGroupNCCL.cpp:616] {message}\n"
+            f"0: [rank5]:[E1202 ProcessGroupNCCL.cpp:616] [Rank 7] {message}\n"
+            f"[E1202 ProcessGroupNCCL.cpp:616] {message}\n")
+    r = health.report(text)
+    assert [item["rank"] for item in r["timeouts"]] == [3, 7, None]  # the message's own rank wins
+    assert "rank(s) 3, 7" in r["verdict"]["cause"]

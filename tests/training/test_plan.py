@@ -333,3 +333,39 @@ def test_boolean_overrides_and_profile_values_are_1_or_0_as_nccl_parses_flags(tm
     assert mine["profile"]["name"] == "mine" and mine["env"]["NCCL_IB_DISABLE"] == "1"
     assert load_profiles(path)["mine"].env == {"NCCL_IB_DISABLE": "1"}
     assert _load(str(path))[1] == {"nccl": {"NCCL_CUMEM_ENABLE": "0"}}  # what nccl plans start from
+
+
+@pytest.mark.parametrize("body, where", [
+    ("profiles:\n  mine:\n    env: [NCCL_DEBUG=INFO]\n", "profile 'mine' key env must be a mapping"),
+    ("profiles:\n  mine:\n    env: NCCL_DEBUG=INFO\n", "profile 'mine' key env must be a mapping"),
+    ("profiles:\n  mine:\n    env: 3\n", "profile 'mine' key env must be a mapping"),
+    ("profiles:\n  mine: [a, b]\n", "profile 'mine' must be a mapping"),
+    ("profiles: [mine]\n", "profiles must be a mapping"),
+    ("common:\n  nccl: [TORCH_NCCL_DUMP_ON_TIMEOUT]\nprofiles:\n  mine: {}\n", "common.nccl must be a mapping"),
+    ("- a list\n", "the file must be a mapping"),
+    ("profiles:\n  mine:\n    match: gpus\n", "profile 'mine' key match must be a mapping"),
+    ("profiles:\n  mine:\n    expected_busbw_gbps: {NV18: fast}\n", "expected_busbw_gbps.NV18='fast'"),
+    ("profiles:\n  mine:\n    expected_busbw_gbps: [360]\n", "key expected_busbw_gbps must be a mapping"),
+])
+def test_a_profiles_file_of_the_wrong_shape_is_a_config_error_naming_file_profile_and_key(tmp_path, body, where):
+    path = tmp_path / "profiles.yaml"
+    path.write_text(body)
+    with pytest.raises(ConfigError) as caught:
+        load_profiles(path)
+    assert str(path) in str(caught.value) and where in str(caught.value)
+    assert caught.value.hint
+
+
+def test_a_bad_value_gets_a_value_hint_and_a_bad_name_a_name_hint():
+    with pytest.raises(UsageError) as value:
+        envvars.validate({"NCCL_DEBUG": "LOUD"})
+    assert "set only variables" not in value.value.hint and "value" in value.value.hint
+    with pytest.raises(UsageError) as listed:
+        envvars.validate({"NCCL_SOCKET_IFNAME": ["eth0"]})
+    assert "set only variables" not in listed.value.hint and "value" in listed.value.hint
+    with pytest.raises(UsageError) as name:
+        envvars.validate({"NCCL_RING_ALGO": "ring"})
+    assert name.value.hint.startswith("set only variables NCCL or PyTorch read")
+    with pytest.raises(UsageError) as both:
+        envvars.validate({"NCCL_RING_ALGO": "ring", "NCCL_P2P_LEVEL": "NODE"})
+    assert "set only variables" in both.value.hint and "value its library accepts" in both.value.hint

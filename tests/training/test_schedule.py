@@ -143,3 +143,19 @@ def test_a_warmup_and_decay_longer_than_the_run_is_warned_about():
 
     result = CliRunner().invoke(app, ["train", "schedule", "--steps", "5", "--json"])  # default warmup is 10
     assert result.exit_code == 0 and any("more than the 5 steps" in text for text in json.loads(result.stdout)["warnings"])
+
+
+def test_an_accumulation_count_past_the_bound_is_refused_naming_the_key():
+    from seedance_tasks.errors import ConfigError
+
+    huge = make(peak_batch=10**12)
+    with pytest.raises(ConfigError, match=r"training\.schedule\.peak_batch=1000000000000 needs 125000000000 "):
+        schedule.table(huge, 2)
+    with pytest.raises(ConfigError, match="end_batch"):
+        schedule.check_accumulation(make(end_batch=10**9), 1)
+    # capped by critical_batch: no step asks for more than it
+    assert schedule.check_accumulation(make(peak_batch=10**12, critical_batch=1024), 2) == 128
+    limit = schedule.MAX_ACCUMULATION
+    assert schedule.check_accumulation(make(peak_batch=limit * 4 * 2), 2) == limit
+    with pytest.raises(ConfigError, match="critical_batch"):
+        schedule.check_accumulation(make(peak_batch=10**12, critical_batch=10**11), 2)

@@ -299,3 +299,17 @@ def test_a_saved_matrix_with_a_bom_utf16_colour_codes_or_crlf_parses_as_printed(
     shown = CliRunner().invoke(app, ["train", "plan", "--topology", str(path), "--json"])
     assert shown.exit_code == 0, shown.output
     assert json.loads(shown.stdout)["gpus"] == GPUS8
+
+
+@pytest.mark.parametrize("margin", ["    ", "\t", "  "])
+@pytest.mark.parametrize("name", sorted(path.name for path in TOPO.glob("*.txt")))
+def test_a_matrix_indented_as_a_whole_parses_as_printed(name, margin):
+    text = (TOPO / name).read_text()
+    indented = "\n".join(margin + line if line.strip() else line for line in text.splitlines())
+    assert parse_topology(indented, name).to_dict() == parse_topology(text, name).to_dict()
+
+
+def test_a_row_indented_differently_from_the_others_is_still_not_a_row():
+    text = "    \tGPU0\tGPU1\n    GPU0\t X \tNV4\n      GPU1\tNV4\t X \n"
+    with pytest.raises(InputError, match=":3: not a row"):
+        parse_topology(text, "mixed.txt")
