@@ -192,6 +192,13 @@ def classify(exc: BaseException) -> SeedanceError:
         return InputError(f"missing key or column {key!r}{_notes(exc)}",
                           hint="the input lacks a field this step needs; check the file, or rerun with --debug "
                           "and report it if the input is right")
+    if isinstance(exc, UnicodeEncodeError) and isinstance(exc.object, str):
+        try:
+            shown = os.fsencode(exc.object).decode("utf-8", "backslashreplace")  # undecodable bytes as \xNN
+        except UnicodeError:  # a lone surrogate that no byte escapes to
+            shown = exc.object.encode("utf-8", "backslashreplace").decode("utf-8")
+        return InputError(f"a name or text that is not valid {exc.encoding}: {first_line(shown, 200)}{_notes(exc)}",
+                          hint="rename the file or folder to UTF-8 (e.g. with convmv), or give a path without it")
     if isinstance(exc, UnicodeDecodeError):
         return InputError(f"cannot decode text as {exc.encoding} at byte {exc.start}{_notes(exc)}",
                           hint="the file is not text in that encoding (binary or another charset)")

@@ -11,6 +11,7 @@ from seedance_tasks.boundary import DEBUG_ENV
 from seedance_tasks.checkpoint.cli import app as ckpt_app
 from seedance_tasks.cli_support import (
     JSON_OPTION,
+    SeedanceGroup,
     console,
     emit,
     handle_errors,
@@ -28,6 +29,7 @@ from seedance_tasks.training.cli import app as train_app
 
 app = typer.Typer(
     name="seedance",
+    cls=SeedanceGroup,
     help="Cut the cost of AI training infrastructure: compaction, shards, preprocessing, "
     "training launch, checkpoints, chargeback.",
     no_args_is_help=True,
@@ -61,9 +63,14 @@ def trash_purge(
 ) -> None:
     """Free the bytes of trash runs older than --older-than (dated by their run id)."""
     from seedance_tasks import journal, storage
+    from seedance_tasks.errors import InputError
     from seedance_tasks.units import format_size, parse_duration
 
-    result = journal.purge_trash(storage.resolve(uri), parse_duration(older_than), apply=not dry_run)
+    older_than_s = parse_duration(older_than)
+    root = storage.resolve(uri)
+    if not storage.exists(root.fs, root.path):  # a mistyped root would "purge 0 runs" and look fine
+        raise InputError(f"no such dataset or store: {root.uri} does not exist", hint="check the path; nothing was purged")
+    result = journal.purge_trash(root, older_than_s, apply=not dry_run)
 
     def render(res: dict) -> None:
         verb = "purged" if res["applied"] else "would purge"
@@ -97,7 +104,7 @@ wrap_commands(app)  # one error boundary for every command, whichever module reg
 def main() -> None:
     """Entry point of the `seedance` console script: no traceback escapes it without --debug."""
     try:
-        app()
+        app(prog_name="seedance")  # also when run as `python -m seedance_tasks.cli`
     except KeyboardInterrupt:
         sys.stderr.write("interrupted\n")
         sys.exit(130)

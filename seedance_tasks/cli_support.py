@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -16,6 +17,12 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
+from typer.core import TyperGroup
+
+try:  # the click that typer runs on (typer >= 0.2x carries its own copy)
+    from typer._click import exceptions as click_errors
+except ImportError:  # pragma: no cover - an older typer on the real click
+    from click import exceptions as click_errors
 
 from seedance_tasks.boundary import classify, debug_enabled
 
@@ -44,7 +51,8 @@ def handle_errors(func: F) -> F:
 
         try:
             return func(*args, **kwargs)
-        except (typer.Exit, click.exceptions.Exit, click.exceptions.ClickException, click.exceptions.Abort, SystemExit):
+        except (typer.Exit, typer.Abort, typer.TyperException, click.exceptions.Exit, click.exceptions.ClickException,
+                click.exceptions.Abort, SystemExit):
             raise
         except KeyboardInterrupt:
             err_console.print("[bold red]interrupted[/] (Ctrl-C); an interrupted run is finished or rolled "
@@ -71,6 +79,35 @@ def report_error(exc: BaseException) -> None:
         err_console.print(f"[yellow]hint:[/] {escape(error.hint)}", highlight=False, soft_wrap=True)
 
 
+class SeedanceGroup(TyperGroup):
+    """The `seedance` command group: a usage error (unknown command or option, a missing or
+    malformed argument), wherever it is found in the command line, is printed like every other
+    error, one `error:` line naming the command and a `hint:` pointing at its `--help`, exit code 2."""
+
+    def make_context(self, *args: Any, **kwargs: Any):
+        with _usage_errors():
+            return super().make_context(*args, **kwargs)
+
+    def invoke(self, ctx):
+        with _usage_errors():
+            return super().invoke(ctx)
+
+
+@contextmanager
+def _usage_errors() -> Iterator[None]:
+    try:
+        yield
+    except click_errors.NoArgsIsHelpError:
+        raise  # `seedance shards` alone prints its help: not an error
+    except click_errors.ClickException as exc:
+        command = exc.ctx.command_path if getattr(exc, "ctx", None) is not None else "seedance"
+        err_console.print(f"[bold red]error:[/] {escape(command)}: {escape(exc.format_message())}",
+                          highlight=False, soft_wrap=True)
+        err_console.print(f"[yellow]hint:[/] see '{escape(command)} --help' for its arguments and options",
+                          highlight=False, soft_wrap=True)
+        raise typer.Exit(exc.exit_code) from None
+
+
 def wrap_commands(app: typer.Typer) -> None:
     """Wrap the callback of every command of `app` and its sub-apps in `handle_errors` (once)."""
     for command in app.registered_commands:
@@ -82,11 +119,23 @@ def wrap_commands(app: typer.Typer) -> None:
 
 
 def emit(result: Any, as_json: bool, render: Callable[[Any], None]) -> None:
-    """Print `result` as JSON (stdout, nothing else) or through `render` for people."""
+    """Print `result` as JSON (stdout, nothing else; strict JSON: a NaN or infinite number is null)
+    or through `render` for people."""
     if as_json:
-        sys.stdout.write(json.dumps(result, indent=2, sort_keys=False, default=str) + "\n")
+        sys.stdout.write(json.dumps(_strict_json(result), indent=2, sort_keys=False, default=str,
+                                    allow_nan=False) + "\n")
     else:
         render(result)
+
+
+def _strict_json(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: _strict_json(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_strict_json(item) for item in value]
+    return value
 
 
 def table(title: str, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> Table:

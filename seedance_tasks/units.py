@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import re
+from decimal import Decimal
 from typing import Annotated
 
 from pydantic import BeforeValidator, PlainSerializer
@@ -23,27 +24,37 @@ _LARGEST = float(2**60)
 _NUMBER_UNIT = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
 
 
-def _parse(value: str | int | float, units: dict[str, float], kind: str, hint: str) -> float:
+def quoted(value: object) -> str:
+    """`value` as quoted in an error message: its repr, cut to 60 characters (a form field or an
+    environment variable may hold a whole file)."""
+    try:
+        text = repr(value)
+    except ValueError:  # an int past Python's 4300-digit limit of int -> str (or a value holding one)
+        if isinstance(value, int):
+            return f"an integer of about {int(value.bit_length() * math.log10(2)):,} digits"
+        return f"a {type(value).__name__} too large to show"
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _parse(value: str | int | float, units: dict[str, float], kind: str, hint: str) -> Decimal:
     if isinstance(value, bool):
-        raise UsageError(f"not a {kind}: {value!r}", hint=hint)
+        raise UsageError(f"not a {kind}: {quoted(value)}", hint=hint)
     if isinstance(value, int | float):
-        number, unit = value, ""
+        # Decimal() of an int of 4300+ digits raises; past _LARGEST it is refused anyway
+        number, unit = (math.inf if value > 0 else -math.inf) if abs(value) > _LARGEST else value, ""
     else:
         match = _NUMBER_UNIT.match(str(value))
         unit = match.group(2).lower() if match else None
         if not match or unit not in units:
-            raise UsageError(f"not a {kind}: {value!r}", hint=hint)
+            raise UsageError(f"not a {kind}: {quoted(value)}", hint=hint)
         number = match.group(1)
-    try:
-        result = float(number) * units[unit]
-    except OverflowError:
-        result = math.inf
-    if math.isnan(result):
-        raise UsageError(f"not a {kind}: {value!r}", hint=hint)
+    result = Decimal(number) * units[unit]  # exact: a byte count above 2**53 survives (a float would not)
+    if result.is_nan():
+        raise UsageError(f"not a {kind}: {quoted(value)}", hint=hint)
     if result < 0:
-        raise UsageError(f"a {kind} cannot be negative: {value!r}", hint=hint)
+        raise UsageError(f"a {kind} cannot be negative: {quoted(value)}", hint=hint)
     if result > _LARGEST:
-        raise UsageError(f"{kind} too large: {str(value)[:40]!r}", hint=hint)
+        raise UsageError(f"{kind} too large: {quoted(value)}", hint=hint)
     return result
 
 
@@ -54,7 +65,7 @@ def parse_size(value: str | int | float) -> int:
 
 def parse_duration(value: str | int | float) -> float:
     """Seconds in `value` (`0`, `90s`, `30m`, `1h`, `7d`); raises UsageError if malformed."""
-    return _parse(value, _DURATION_UNITS, "duration", "write a number with a unit: 0, 90s, 30m, 1h or 7d")
+    return float(_parse(value, _DURATION_UNITS, "duration", "write a number with a unit: 0, 90s, 30m, 1h or 7d"))
 
 
 def format_size(num_bytes: int | float) -> str:
@@ -68,11 +79,25 @@ def format_size(num_bytes: int | float) -> str:
 
 
 def format_duration(seconds: float) -> str:
-    """`seconds` as the largest whole unit that fits: `7d`, `1h`, `30m`, `45s`."""
+    """`seconds` as the largest whole unit that fits: `7d`, `1h`, `30m`, `45s`; else exact seconds
+    without an exponent (`1234567s`, `0.0000001s`), so `parse_duration` reads back the same value."""
     for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
         if seconds >= size and seconds % size == 0:
             return f"{int(seconds // size)}{unit}"
-    return f"{seconds:g}s"
+    value = float(seconds)
+    return f"{int(value)}s" if value.is_integer() else f"{Decimal(repr(value)):f}s"
+
+
+def exact_size(num_bytes: int) -> str:
+    """`num_bytes` in the unit that writes it exactly in the fewest characters (`512MiB`, `512MB`,
+    `100000001`): what a size setting serializes to, so `parse_size` reads back the same bytes
+    (`format_size`, for people, rounds)."""
+    number = int(num_bytes)
+    exact = [f"{number // size}{unit}" for unit, size in _EXACT_UNITS if number >= size and number % size == 0]
+    return min([*exact, str(number)], key=len)
+
+
+_EXACT_UNITS = [(unit, _SIZE_UNITS[unit.lower()]) for unit in ("TiB", "TB", "GiB", "GB", "MiB", "MB", "KiB", "KB")]
 
 
 def _size_or_error(value: object) -> int:
@@ -89,7 +114,7 @@ def _duration_or_error(value: object) -> float:
         raise ValueError(exc.message) from None
 
 
-ByteSize = Annotated[int, BeforeValidator(_size_or_error), PlainSerializer(format_size, return_type=str)]
+ByteSize = Annotated[int, BeforeValidator(_size_or_error), PlainSerializer(exact_size, return_type=str)]
 """A size setting: accepts `512MiB` or a byte count, holds bytes."""
 
 Duration = Annotated[

@@ -286,3 +286,93 @@ def test_table_cells_are_shown_as_they_are_not_as_console_markup():
     text = out.export_text()
     assert "p=[red]x[/]" in text and "[link=http://a]y" in text and "1,234" in text
     assert "[bold]" not in text  # the title is the caller's markup
+
+
+# ------------------------------------------------------------------------- usage errors (click's own)
+
+@pytest.mark.parametrize(("args", "command", "named"), [
+    (["compact", "/tmp", "--workers", "-3"], "seedance compact", "--workers"),
+    (["compact"], "seedance compact", "'uri'"),
+    (["nosuchcommand"], "seedance", "nosuchcommand"),
+    (["shards", "build", "/tmp", "--out", "/tmp/x", "--max-samples", "-1"], "seedance shards build", "--max-samples"),
+    (["ckpt", "ls", "--stroe", "/tmp"], "seedance ckpt ls", "--stroe"),
+    (["train", "health", "/tmp/log", "--expected-busbw", "fast"], "seedance train health", "--expected-busbw"),
+])
+def test_a_usage_error_is_one_error_line_and_a_hint_not_a_box(args, command, named):
+    result = seedance(*args)
+    assert result.returncode == 2, result.stderr
+    [line] = error_lines(result.stderr)
+    assert line.startswith(f"error: {command}: ") and named in line, line
+    assert f"hint: see '{command} --help'" in result.stderr
+    assert "╭" not in result.stderr and "Traceback" not in result.stderr
+
+
+def test_a_bad_parameter_raised_inside_a_command_is_a_usage_error_not_a_bug():
+    from seedance_tasks.cli_support import SeedanceGroup
+
+    demo = typer.Typer(cls=SeedanceGroup)
+
+    @demo.command()
+    @handle_errors
+    def boom() -> None:
+        raise typer.BadParameter("must be even", param_hint="'--n'")
+
+    @demo.command()
+    def other() -> None:
+        pass
+
+    result = CliRunner().invoke(demo, ["boom"])
+    assert result.exit_code == 2
+    assert "error: " in result.output and "must be even" in result.output and "unexpected" not in result.output
+
+
+def test_a_group_alone_still_prints_its_help():
+    result = seedance("shards")
+    assert "Usage: seedance shards" in result.stdout + result.stderr and not error_lines(result.stderr)
+
+
+@pytest.mark.parametrize("args", [["compact", ""], ["trash", "purge", ""], ["ckpt", "ls", "--store", ""]])
+def test_an_empty_path_is_refused_not_the_current_directory(args, tmp_path):
+    result = subprocess.run([sys.executable, "-c", "from seedance_tasks.cli import main; main()", *args],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2, result.stdout + result.stderr
+    [line] = error_lines(result.stderr)
+    assert "empty path or URI" in line and "hint:" in result.stderr
+    assert list(tmp_path.iterdir()) == []  # nothing written where it was run
+
+
+def test_a_command_that_exits_with_a_code_keeps_it():
+    result = CliRunner().invoke(_demo_app(typer.Exit(3)), ["boom"])
+    assert result.exit_code == 3 and "error:" not in result.output
+
+
+def test_trash_purge_of_a_mistyped_root_is_an_error_not_zero_purged(tmp_path):
+    result = CliRunner().invoke(app, ["trash", "purge", str(tmp_path / "lakee"), "--older-than", "0"])
+    assert result.exit_code == 1 and "no such dataset or store" in result.output and "lakee" in result.output
+    assert CliRunner().invoke(app, ["trash", "purge", str(tmp_path), "--dry-run"]).exit_code == 0
+
+
+def test_a_path_that_is_not_utf8_is_an_input_error_not_a_bug(tmp_path):
+    from seedance_tasks.boundary import classify
+
+    name = os.fsencode(tmp_path) + b"/caf\xe9"  # Latin-1 bytes: Python holds them as a lone surrogate
+    result = subprocess.run([sys.executable.encode(), b"-c", b"from seedance_tasks.cli import main; main()",
+                             b"compact", name], capture_output=True, timeout=300)
+    stderr = result.stderr.decode()
+    assert result.returncode == 1, stderr
+    [line] = error_lines(stderr)
+    assert "not valid utf-8" in line and "caf\\xe9" in line and "hint:" in stderr
+    try:
+        "\ud800".encode()
+    except UnicodeEncodeError as exc:
+        assert classify(exc).exit_code == 1  # a surrogate no byte escapes to: still no crash in the error path
+
+
+def test_json_output_is_strict_json_even_with_nan_or_infinite_numbers(capsys):
+    import json
+
+    from seedance_tasks.cli_support import emit
+
+    emit({"ratio": float("nan"), "rate": [float("inf"), 1.5], "n": 3}, True, print)
+    assert json.loads(capsys.readouterr().out, parse_constant=lambda name: pytest.fail(name)) == {
+        "ratio": None, "rate": [None, 1.5], "n": 3}

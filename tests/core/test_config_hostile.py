@@ -1,0 +1,221 @@
+"""Hostile and mistyped settings: a config file or SEEDANCE__* override that YAML or pydantic would
+read silently wrong (a key given twice, a comment cut off, an alias bomb) is refused naming where;
+a typo'd key is named with the key it probably meant."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from seedance_tasks import storage
+from seedance_tasks.config import load_settings, load_yaml
+from seedance_tasks.dag_support import run_settings
+from seedance_tasks.errors import ConfigError, UsageError
+
+
+def _config(tmp_path, text: str, encoding: str = "utf-8"):
+    path = tmp_path / "seedance.yaml"
+    path.write_bytes(text.encode(encoding) if isinstance(text, str) else text)
+    return path
+
+
+@pytest.mark.parametrize(("text", "unknown", "meant"), [
+    ("compaction:\n  target_file_sise: 1GiB\n", "compaction.target_file_sise", "compaction.target_file_size"),
+    ("compation: {}\n", "compation", "compaction"),
+    ("Storage: {}\n", "Storage", "storage"),
+    ("storage:\n  s3:\n    endpiont_url: http://x\n", "storage.s3.endpiont_url", "storage.s3.endpoint_url"),
+    ("lifecycle:\n  retention:\n    keeplast: 3\n", "lifecycle.retention.keeplast", "lifecycle.retention.keep_last"),
+])
+def test_a_typo_names_the_key_and_the_key_it_probably_meant(tmp_path, text, unknown, meant):
+    with pytest.raises(ConfigError) as info:
+        load_settings(_config(tmp_path, text), environ={})
+    assert f"unknown key '{unknown}' (did you mean '{meant}'?)" in info.value.message
+
+
+def test_a_typo_in_an_environment_override_is_named_with_a_suggestion():
+    with pytest.raises(ConfigError) as info:
+        load_settings(environ={"SEEDANCE__COMPACTION__MIN_AEG": "1h"})
+    assert ("unknown key 'compaction.min_aeg' (from SEEDANCE__COMPACTION__MIN_AEG) "
+            "(did you mean 'compaction.min_age'?)") in info.value.message
+
+
+def test_an_unknown_key_like_no_other_gets_no_guess(tmp_path):
+    with pytest.raises(ConfigError) as info:
+        load_settings(_config(tmp_path, "compaction:\n  zzzz: 1\n"), environ={})
+    assert "unknown key 'compaction.zzzz'" in info.value.message and "did you mean" not in info.value.message
+
+
+@pytest.mark.parametrize(("text", "key", "line"), [
+    ("compaction:\n  min_age: 1h\n  min_age: 2h\n", "min_age", 3),
+    ("compaction:\n  min_age: 1h\nstorage: {}\ncompaction:\n  workers: 2\n", "compaction", 4),
+])
+def test_a_key_given_twice_is_refused_not_silently_last_wins(tmp_path, text, key, line):
+    with pytest.raises(ConfigError) as info:
+        load_settings(_config(tmp_path, text), environ={})
+    assert f"line {line}" in info.value.message and f"key '{key}' is given twice" in info.value.message
+    assert info.value.hint
+
+
+def test_a_merge_key_is_not_a_duplicate():
+    data = load_yaml("base: &b {keep_last: 3, keep_every: 10}\nrun: {<<: *b, keep_last: 5}\n")
+    assert data["run"] == {"keep_last": 5, "keep_every": 10}
+
+
+@pytest.mark.parametrize("text", [
+    "signals:\n  lakes: &a [*a]\n",
+    "cost:\n  notifier_kwargs:\n    a: &a [x,x,x,x,x,x,x,x,x,x]\n" + "".join(
+        f"    {name}: &{name} [{', '.join([f'*{prev}'] * 10)}]\n" for prev, name in zip("abcdefgh", "bcdefghi", strict=True)),
+    "signals:\n  lakes: " + "[" * 5000 + "]" * 5000 + "\n",
+])
+def test_alias_bombs_recursion_and_deep_nesting_are_refused_quickly(tmp_path, text):
+    started = time.monotonic()
+    with pytest.raises(ConfigError, match="not valid YAML") as info:
+        load_settings(_config(tmp_path, text), environ={})
+    assert time.monotonic() - started < 10 and info.value.hint
+
+
+def test_python_tags_never_construct_objects(tmp_path):
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_settings(_config(tmp_path, "compaction:\n  min_age: !!python/object/apply:os.system ['true']\n"),
+                      environ={})
+    with pytest.raises(yaml.YAMLError):
+        load_yaml("!!python/name:os.system")
+
+
+def test_a_config_file_that_is_not_utf8_names_the_file(tmp_path):
+    path = _config(tmp_path, "compaction:\n  default_uri: /data/caf\xe9\n", encoding="latin-1")
+    with pytest.raises(ConfigError) as info:
+        load_settings(path, environ={})
+    assert str(path) in info.value.message and "UTF-8" in info.value.message and info.value.hint
+
+
+def test_a_config_file_that_is_not_a_mapping_says_what_it_holds(tmp_path):
+    with pytest.raises(ConfigError) as info:
+        load_settings(_config(tmp_path, "- compaction\n- storage\n"), environ={})
+    assert "mapping of sections, not a list" in info.value.message and info.value.hint
+
+
+def test_an_override_cut_by_a_yaml_comment_is_refused():
+    with pytest.raises(ConfigError) as info:
+        load_settings(environ={"SEEDANCE__COMPACTION__DEFAULT_URI": "/data/run #2"})
+    assert "SEEDANCE__COMPACTION__DEFAULT_URI" in info.value.message and "'/data/run'" in info.value.message
+    assert info.value.hint
+    settings = load_settings(environ={"SEEDANCE__COMPACTION__DEFAULT_URI": "'/data/run #2'",
+                                      "SEEDANCE__CHECKPOINT__STORE": "s3://b/p#1"})
+    assert settings.compaction.default_uri == "/data/run #2" and settings.checkpoint.store == "s3://b/p#1"
+
+
+def test_a_huge_form_value_is_not_echoed_whole():
+    with pytest.raises(ConfigError) as info:
+        run_settings("compaction", {"min_age": "x" * 100_000}, {"min_age": "min_age"})
+    assert len(info.value.message) < 400 and "param min_age" in info.value.message
+
+
+def test_a_message_does_not_repeat_the_value_or_pydantic_prefixes(tmp_path):
+    with pytest.raises(ConfigError) as info:
+        load_settings(_config(tmp_path, "compaction:\n  min_age: -5m\n"), environ={})
+    assert "'compaction.min_age': not a duration: '-5m'" in info.value.message
+    assert "Value error" not in info.value.message and info.value.message.count("-5m") == 1
+
+
+@pytest.mark.parametrize("uri", ["", "   "])
+def test_an_empty_uri_is_refused_never_the_current_directory(uri):
+    with pytest.raises(UsageError, match="empty path or URI"):
+        storage.resolve(uri)
+
+
+@pytest.mark.parametrize("section", [None, "compaction"])
+def test_a_bad_override_names_its_variable_and_a_bad_file_value_does_not(tmp_path, section):
+    from seedance_tasks.config import load_section
+
+    load = (lambda path, environ: load_section(section, path, environ)) if section else load_settings
+    variable = "SEEDANCE__COMPACTION__DEFAULT_URI"
+    with pytest.raises(ConfigError) as info:
+        load(None, {variable: "0123"})  # YAML reads 0123 as the octal 83
+    assert f"'compaction.default_uri' (from {variable}):" in info.value.message
+    assert f"unset {variable}" in info.value.hint and "quote" in info.value.hint
+    with pytest.raises(ConfigError) as info:
+        load(_config(tmp_path, "compaction:\n  default_uri: 0123\n"), {})
+    assert "(from " not in info.value.message and "SEEDANCE__" not in info.value.hint
+
+
+def test_an_override_that_conflicts_with_a_whole_section_names_both():
+    with pytest.raises(ConfigError) as info:
+        load_settings(environ={"SEEDANCE__STORAGE": "x", "SEEDANCE__STORAGE__S3__REGION": "eu"})
+    assert "SEEDANCE__STORAGE__S3__REGION" in info.value.message and "SEEDANCE__STORAGE," in info.value.message
+    assert info.value.hint
+
+
+@pytest.mark.parametrize(("where", "said"), [("/dev/zero", "larger than"), ("dir", "cannot read config file")])
+def test_a_config_path_that_is_endless_or_a_folder_is_a_config_error(tmp_path, where, said):
+    path = tmp_path if where == "dir" else where
+    with pytest.raises(ConfigError) as info:
+        load_settings(path, environ={})
+    assert said in info.value.message and str(path) in info.value.message and info.value.hint
+
+
+def test_a_value_refused_by_every_member_of_a_union_is_one_message_at_its_key(tmp_path):
+    with pytest.raises(ConfigError) as info:
+        load_settings(_config(tmp_path, "training:\n  checkpoint_every: -1\n"), environ={})
+    message = info.value.message
+    assert "'training.checkpoint_every': " in message and "or input should be 'auto'" in message, message
+    assert "literal[" not in message and "constrained-" not in message and message.count("(got -1)") == 1
+
+
+def test_options_over_a_section_keep_its_other_sizes_and_durations_exactly():
+    """`section_with` (CLI options, DAG params) and the JSON a DAG passes between tasks re-read every
+    value: 512MB, an odd byte count or 1234567s must come back as they were, not rounded."""
+    from seedance_tasks.compaction.settings import CompactionSettings
+    from seedance_tasks.config import load_section, section_with
+
+    current = load_section("compaction", environ={"SEEDANCE__COMPACTION__TARGET_FILE_SIZE": "512MB",
+                                                  "SEEDANCE__COMPACTION__ROW_GROUP_SIZE": "100000001",
+                                                  "SEEDANCE__COMPACTION__MIN_AGE": "1234567"})
+    changed = section_with(current, {"workers": 2})
+    assert (changed.target_file_size, changed.row_group_size, changed.min_age) == (512_000_000, 100_000_001, 1234567)
+    assert CompactionSettings.model_validate(current.model_dump(mode="json")) == current
+
+
+def test_every_section_survives_its_own_json():
+    from seedance_tasks.config import SECTIONS, load_section
+
+    for name in SECTIONS:
+        section = load_section(name, environ={})
+        assert type(section).model_validate(section.model_dump(mode="json")) == section, name
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(0, 2**60), st.one_of(st.integers(0, 2**50).map(float),
+                                         st.floats(0, 2**50, allow_nan=False, allow_infinity=False)))
+def test_sizes_and_durations_read_back_what_they_serialize_to(size, seconds):
+    from seedance_tasks.units import exact_size, format_duration, parse_duration, parse_size
+
+    assert parse_size(exact_size(size)) == size
+    assert parse_duration(format_duration(seconds)) == seconds
+
+
+@pytest.mark.parametrize(("value", "said"), [("2026-02-30", "not a date: '2026-02-30'"),
+                                             ("2026-13-01", "not a date: '2026-13-01'"),
+                                             ("2026-01-01 25:00:00", "not a date: '2026-01-01 25:00:00'"),
+                                             ("9" * 5000, "not an integer: '9999")])
+def test_a_value_yaml_cannot_build_is_a_yaml_error_with_its_line(tmp_path, value, said):
+    """YAML reads these by their shape and then fails (ValueError): no date 2026-02-30, no int of 5000 digits."""
+    path = _config(tmp_path, f"cost:\n  actions:\n    holidays:\n      - 2026-01-01\n      - {value}\n")
+    with pytest.raises(ConfigError) as info:
+        load_settings(path, environ={})
+    assert "line 5" in info.value.message and said in info.value.message and len(info.value.message) < 400
+
+
+@pytest.mark.parametrize("kind", ["int", "negative int", "text"])
+def test_a_number_of_thousands_of_digits_is_refused_as_too_large(kind):
+    from seedance_tasks.units import parse_duration, parse_size
+
+    value = {"int": 10**5000, "negative int": -(10**5000), "text": "9" * 5000 + "m"}[kind]  # no repr: 4300+ digits
+    for parse in (parse_size, parse_duration):
+        with pytest.raises(UsageError, match="too large|negative") as info:
+            parse(value)
+        assert len(info.value.message) < 120
