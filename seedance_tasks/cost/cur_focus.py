@@ -49,6 +49,7 @@ from seedance_tasks.cost.ingest import (
     TS,
     Rejected,
     _blank_as_null,
+    _carried,
     _money,
     _text,
     _timestamps,
@@ -211,8 +212,17 @@ def cur_amortized(line: dict[str, Any]) -> Decimal | None:
 
 
 def _cur_tags(value: Any) -> str | None:
+    """CUR `resource_tags` (a map, a struct or JSON-object text) as FOCUS Tags text, `user_` dropped
+    from the keys; text that is no JSON object stays as it is (the attribution names it malformed)."""
     if not value:
         return None
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return value
+        if not isinstance(value, dict):
+            return json.dumps(value)
     pairs = value.items() if isinstance(value, dict) else value
     tags = {(key[5:] if key.startswith("user_") else key): item for key, item in pairs if item is not None}
     return json.dumps(tags, sort_keys=True) if tags else None
@@ -296,8 +306,9 @@ def focus_columns(batch: pa.RecordBatch) -> tuple[dict[str, pa.Array], dict[int,
     net, bad_net = _money(col("line_item_net_unblended_cost"))
     for index, reason in bad_net.items():
         bad.setdefault(index, ("ContractedCost", f"malformed ContractedCost (line_item_net_unblended_cost): {reason}"))
-    quantity = pc.cast(_blank_as_null(col("line_item_usage_amount")), pa.float64()) if (
-        "line_item_usage_amount" in names) else pa.nulls(length, pa.float64())
+    quantity, bad_quantity = _carried(col("line_item_usage_amount"), "PricingQuantity")
+    for index, reason in bad_quantity.items():
+        bad.setdefault(index, ("PricingQuantity", f"malformed PricingQuantity (line_item_usage_amount): {reason}"))
     unit = pc.coalesce(_units(col("pricing_unit")), pa.scalar("Units"))
     consumed = pc.and_(usage, pc.invert(unused))
 

@@ -12,11 +12,14 @@ from __future__ import annotations
 import csv
 import functools
 import io
+import itertools
 import json
 import posixpath
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from decimal import Decimal
 from typing import Any
 
 import numpy as np
@@ -25,7 +28,14 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from seedance_tasks import storage
-from seedance_tasks.cost.money import LIMIT, MAX_DIGITS, MONEY, decimals_as_money, float_amount, parse_amount
+from seedance_tasks.cost.money import (
+    LIMIT,
+    MAX_DIGITS,
+    MONEY,
+    amount_to_scale,
+    decimals_as_money,
+    float_amount,
+)
 from seedance_tasks.errors import InputError
 
 TS = pa.timestamp("us", tz="UTC")
@@ -70,12 +80,27 @@ NULL_STRINGS = ["NULL", "null", ""]
 CURRENCY_RE = r"^[A-Z]{3}$"
 """An ISO 4217 code, as BillingCurrency holds it."""
 _ZONE = r"([Zz]|[+-]\d\d:?\d\d)$"
+_NAMED_UTC = r"(?i)\s*(?:UTC|GMT)$"
+"""A zone written as its name, as BigQuery's CSV exports write timestamps (`2024-09-01 00:00:00 UTC`)."""
 _FIRST = pa.scalar(datetime(1, 1, 1, tzinfo=UTC), TS)
 _LAST = pa.scalar(datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=UTC), TS)
 
 Rejected = list[dict[str, Any]]
 MAX_REJECTED = 1000
 """The most rejected rows a report lists (with `rejected_truncated` when there were more); all are counted."""
+
+
+_FOCUS_FOLDED = {name.casefold(): name for name in (*FOCUS_COLUMNS, "x_Estimated")}
+
+
+def focus_names(names: list[str]) -> list[str]:
+    """A billing file's column names with the FOCUS ones in another case spelt as FOCUS does
+    (`BILLEDCOST`, `billedcost` -> `BilledCost`, as databases export them), unless the file also
+    has that exact name; the others as they are."""
+    present = set(names)
+    spelt = [_FOCUS_FOLDED.get(name.casefold(), name) for name in names]
+    return [name if name in FOCUS_COLUMNS or focus in present else focus for name, focus in zip(names, spelt,
+                                                                                               strict=True)]
 
 
 def carried_name(column: str) -> str:
@@ -103,24 +128,35 @@ def carried_columns(uri: str, reserved: tuple[str, ...] = ()) -> list[str]:
     """The columns of the FOCUS billing files at `uri` that LINES does not hold (first seen first).
 
     One whose carried name is a LINES column or `reserved` (the allocation's own) is left out.
+    InputError naming the file and both columns when two would be carried under one name
+    (`Id` and `x_Id`), in one file or in two.
     """
     taken = {*LINES.names, *reserved}
-    found: dict[str, None] = {}
+    found: dict[str, tuple[str, str]] = {}  # carried name -> (source column, file)
     for location, path in billing_files(uri):
         source = posixpath.basename(path) if location.path == path else location.relative(path)
         if is_parquet(path):
             names = _parquet_names(location.fs, path, source)
         else:
             names = _csv_header(location.fs, path, source)
-        found.update((name, None) for name in names if name and carried_name(name) not in taken)
-    return list(found)
+        for name in names:
+            carried = carried_name(name)
+            if not name or carried in taken:
+                continue
+            first, where = found.setdefault(carried, (name, source))
+            if first != name:
+                also = "" if where == source else f" (and {where} has {first!r})"
+                raise InputError(f"{source}: columns {first!r} and {name!r} would both be written as {carried!r}"
+                                 f"{also}", hint="rename or remove one of them: a column not in FOCUS is kept "
+                                 "with an x_ prefix")
+    return [name for name, _ in found.values()]
 
 
-def _carried(values: pa.Array, column: str) -> tuple[pa.Array, dict[int, str]]:
-    """One carried source column in its carried type; bad values null + reason."""
+def _carried(values: pa.Array, column: str, rounded: list[int] | None = None) -> tuple[pa.Array, dict[int, str]]:
+    """One carried source column in its carried type; bad values null + reason (`rounded`: see `_money`)."""
     kind = carried_type(column)
     if kind == MONEY:
-        return _money(values)
+        return _money(values, rounded)
     if kind == TS:
         return _timestamps(_blank_as_null(values))
     if kind == pa.float64():
@@ -135,16 +171,23 @@ def _carried(values: pa.Array, column: str) -> tuple[pa.Array, dict[int, str]]:
 # --------------------------------------------------------------------------- conversions
 
 
-def _money(values: pa.Array) -> tuple[pa.Array, dict[int, str]]:
+def _money(values: pa.Array, rounded: list[int] | None = None) -> tuple[pa.Array, dict[int, str]]:
     """`values` as MONEY, exactly; bad ones become null and are returned as {index: reason}.
 
     Strings and decimals are cast by Arrow (all-or-nothing); when that fails, value by value with
-    `parse_amount`, which accepts the same values and says why about the others. Floats become
+    `money.amount_to_scale`, which accepts the same values, rounds those with more than SCALE
+    places (their count is appended to `rounded`) and says why about the others. Floats become
     their shortest repr first (`money.float_amount`), never through a rounding kernel.
     """
     if pa.types.is_dictionary(values.type):
         values = values.dictionary_decode()
-    parse = lambda item: parse_amount(str(item))  # noqa: E731
+    count = [0]
+
+    def parse(item) -> Decimal:
+        amount, was_rounded = amount_to_scale(str(item))
+        count[0] += was_rounded
+        return amount
+
     if pa.types.is_floating(values.type):
         values, parse = _shortest_repr(values), lambda item: float_amount(float(item))
     fast = decimals_as_money(values)
@@ -153,7 +196,10 @@ def _money(values: pa.Array) -> tuple[pa.Array, dict[int, str]]:
     try:
         money = pc.cast(values, MONEY)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-        return _parse_each(values, parse, MONEY)
+        found = _parse_each(values, parse, MONEY)
+        if rounded is not None:
+            rounded.append(count[0])
+        return found
     bounds = pc.min_max(money)  # one pass: the usual batch is all in range
     low, high = bounds["min"].as_py(), bounds["max"].as_py()
     if low is None or (-LIMIT < low and high < LIMIT):
@@ -195,7 +241,7 @@ def _parse_each(values: pa.Array, parse, kind: pa.DataType) -> tuple[pa.Array, d
 
 
 def _parse_ts(text: str) -> datetime:
-    body = text.strip().replace(" ", "T", 1)
+    body = re.sub(_NAMED_UTC, "Z", text.strip()).replace(" ", "T", 1)
     if body.endswith(("Z", "z")):
         body = body[:-1] + "+00:00"
     try:
@@ -235,11 +281,12 @@ def _timestamps_unchecked(values: pa.Array) -> tuple[pa.Array, dict[int, str]]:
     if not pa.types.is_string(values.type) and not pa.types.is_large_string(values.type):
         values = pc.cast(values, pa.string())
     values = pc.utf8_trim_whitespace(values)
-    zoned = pc.if_else(pc.match_substring_regex(values, _ZONE), values, pc.binary_join_element_wise(values, "Z", ""))
-    try:
-        return pc.cast(zoned, TS), {}
-    except pa.ArrowInvalid:
-        pass
+    for text in (values, pc.replace_substring_regex(values, _NAMED_UTC, "Z")):
+        zoned = pc.if_else(pc.match_substring_regex(text, _ZONE), text, pc.binary_join_element_wise(text, "Z", ""))
+        try:
+            return pc.cast(zoned, TS), {}
+        except pa.ArrowInvalid:
+            pass
     return _parse_each(values, _parse_ts, TS)
 
 
@@ -264,9 +311,11 @@ def _flags(values: pa.Array) -> tuple[pa.Array, dict[int, str]]:
 
 
 def _text(values: pa.Array) -> pa.Array:
-    """`values` as plain strings."""
+    """`values` as plain strings; a list, struct or map value as its JSON text (`as_json_text`)."""
     if pa.types.is_dictionary(values.type):
         values = values.dictionary_decode()
+    if pa.types.is_nested(values.type):
+        return as_json_text(values)
     return values if values.type == pa.string() else pc.cast(values, pa.string())
 
 
@@ -299,6 +348,16 @@ def as_dict(values: pa.Array) -> pa.Array:
 
 SOURCE_KEY = "seedance.source"
 """The schema-metadata key naming the billing file a batch of lines was read from (`normalise`)."""
+
+
+ROUNDED_KEY = "seedance.rounded"
+"""The schema-metadata key counting the amounts of a batch's rows (read, rejected ones too) that had
+more than `money.SCALE` decimal places and were rounded to it (`normalise`); absent for none."""
+
+
+def rounded_amounts(batch: pa.RecordBatch) -> int:
+    """How many amounts of the rows `batch` was normalised from were rounded to `money.SCALE` places."""
+    return int((batch.schema.metadata or {}).get(ROUNDED_KEY.encode(), b"0"))
 
 
 def source_of(batch: pa.RecordBatch) -> str | None:
@@ -384,6 +443,7 @@ def normalise(
             raise InputError(f"{source}: no {name} column", hint="a FOCUS file needs " + ", ".join(REQUIRED))
 
     out: dict[str, pa.Array] = {}
+    rounded: list[int] = []  # amounts with more than SCALE places, rounded to SCALE (see `_money`)
     start = columns["ChargePeriodStart"]
     note_nulls(start, "ChargePeriodStart")
     out["ChargePeriodStart"], bad = _timestamps(start)
@@ -405,7 +465,7 @@ def normalise(
             out[name] = nulls(length, MONEY)
             continue
         note_nulls(columns[name], name)
-        out[name], bad = _money(columns[name])
+        out[name], bad = _money(columns[name], rounded)
         for index, reason in bad.items():
             note(index, name, f"malformed {name}: {reason}")
     ends = None
@@ -417,7 +477,7 @@ def normalise(
         if name not in columns:
             out[carried_name(name)] = nulls(length, carried_type(name))
             continue
-        out[carried_name(name)], bad = _carried(columns[name], name)
+        out[carried_name(name)], bad = _carried(columns[name], name, rounded)
         for index, reason in bad.items():
             note(index, name, f"malformed {name}: {reason}")
     if "ChargePeriodEnd" in carry and "ChargePeriodEnd" in columns:
@@ -438,7 +498,8 @@ def normalise(
             note(index, "x_Estimated", f"malformed x_Estimated: {reason}")
     out["x_Row"] = pa.array(np.arange(first_row, first_row + length, dtype=np.int64))
 
-    schema = (lines_schema(carry) if carry else LINES).with_metadata({SOURCE_KEY: source})
+    metadata = {SOURCE_KEY: source, **({ROUNDED_KEY: str(sum(rounded))} if sum(rounded) else {})}
+    schema = (lines_schema(carry) if carry else LINES).with_metadata(metadata)
     batch = pa.RecordBatch.from_arrays([out[field.name] for field in schema], schema=schema)
     rejected: Rejected = []
     if reasons:
@@ -511,44 +572,65 @@ def _compression(path: str) -> str | None:
     return "gzip" if path.lower().endswith(".gz") else None
 
 
+DELIMITERS = (",", ";", "\t", "|")
+"""The field separators a CSV billing file may use (a spreadsheet's export in many locales: `;`)."""
+
+
 def _csv_header(fs, path: str, source: str) -> list[str]:
-    with fs.open_input_stream(path, compression=_compression(path)) as stream:
-        head = stream.read(1 << 16).decode("utf-8-sig", errors="replace")
+    """The column names of a CSV billing file, FOCUS ones spelt as `focus_names` spells them."""
+    return _csv_head(fs, path, source)[0]
+
+
+def _csv_head(fs, path: str, source: str) -> tuple[list[str], str]:
+    """A CSV billing file's column names (see `_csv_header`) and its delimiter: of `DELIMITERS`, the
+    one that splits the header line into the most fields (`,` on a tie); InputError naming the file
+    when it has no header."""
+    try:  # a `.gz` that is not gzip fails here, as an OSError (zlib's), not a storage error
+        with fs.open_input_stream(path, compression=_compression(path)) as stream:
+            head = stream.read(1 << 16).decode("utf-8-sig", errors="replace")
+    except (pa.ArrowInvalid, OSError) as exc:
+        if isinstance(exc, FileNotFoundError | PermissionError):
+            raise
+        raise unreadable_billing(source, exc) from None
     try:
-        header = next(csv.reader(io.StringIO(head)), None)
+        headers = {delimiter: next(csv.reader(io.StringIO(head), delimiter=delimiter), None) or []
+                   for delimiter in DELIMITERS}
     except csv.Error as exc:
         raise unreadable_billing(source, exc) from None
+    delimiter = max(DELIMITERS, key=lambda each: len(headers[each]))
+    header = headers[delimiter]
     if not header or not any(name.strip() for name in header):
         raise InputError(f"{source}: empty file, no header line",
                          hint="a FOCUS CSV starts with a header naming its columns: " + ", ".join(REQUIRED))
-    return [name.strip() for name in header]
+    return focus_names([name.strip() for name in header]), delimiter
 
 
 def _csv_batches(fs, path: str, source: str, batch_rows: int, columns: list[str]) -> Iterator[dict[str, pa.Array]]:
     import pyarrow.csv as pacsv
 
-    header = _csv_header(fs, path, source)
+    header, delimiter = _csv_head(fs, path, source)
     wanted = _wanted(source, header, columns)
     if not wanted:
         return
     stream = fs.open_input_stream(path, compression=_compression(path))
-    reader = pacsv.open_csv(
-        stream,
-        read_options=pacsv.ReadOptions(block_size=8 << 20, column_names=header, skip_rows=1, encoding="utf8"),
-        parse_options=pacsv.ParseOptions(newlines_in_values=True),
-        convert_options=pacsv.ConvertOptions(
-            column_types={name: pa.string() for name in header},
-            null_values=NULL_STRINGS,
-            strings_can_be_null=True,
-            include_columns=wanted,
-        ),
-    )
 
     def joined(pending: list[pa.RecordBatch]) -> dict[str, pa.Array]:
         table = pa.Table.from_batches(pending).combine_chunks()
         return {name: table.column(name).chunk(0) if table.num_rows else pa.array([], pa.string()) for name in wanted}
 
-    try:
+    done = 0  # data rows yielded
+    try:  # open_csv reads the first block already
+        reader = pacsv.open_csv(
+            stream,
+            read_options=pacsv.ReadOptions(block_size=8 << 20, column_names=header, skip_rows=1, encoding="utf8"),
+            parse_options=pacsv.ParseOptions(delimiter=delimiter, newlines_in_values=True),
+            convert_options=pacsv.ConvertOptions(
+                column_types={name: pa.string() for name in header},
+                null_values=NULL_STRINGS,
+                strings_can_be_null=True,
+                include_columns=wanted,
+            ),
+        )
         pending: list[pa.RecordBatch] = []
         size = 0
         for batch in reader:
@@ -556,29 +638,80 @@ def _csv_batches(fs, path: str, source: str, batch_rows: int, columns: list[str]
             size += batch.num_rows
             if size >= batch_rows:
                 yield joined(pending)
+                done += size
                 pending, size = [], 0
         if pending:
             yield joined(pending)
+        return
+    except pa.ArrowInvalid as exc:
+        if not _RAGGED.search(str(exc)):
+            raise
     finally:
         stream.close()
+    yield from _csv_records(fs, path, source, batch_rows, header, wanted, delimiter=delimiter, skip=done)
+
+
+_RAGGED = re.compile(r"CSV parse error: Expected \d+ columns, got \d+")
+"""Arrow's error for a CSV row with more or fewer fields than the header."""
+
+
+class RawColumns(dict):
+    """One batch of a billing file's columns as read, `{name: array}`, and in `known` the rows that
+    could not be read ({index: (column, reason)}; their values are null): what `normalise` rejects."""
+
+    def __init__(self, columns: dict[str, pa.Array], known: dict[int, tuple[str | None, str]]):
+        super().__init__(columns)
+        self.known = known
+
+
+def _csv_records(fs, path: str, source: str, batch_rows: int, header: list[str], wanted: list[str], *,
+                 delimiter: str, skip: int) -> Iterator[RawColumns]:
+    """The rows of a CSV billing file after its first `skip` data rows, record by record (Python's
+    csv, slower than Arrow's reader), for a file with a row of more or fewer fields than the header:
+    such a row comes as nulls, in `known`, so it is rejected with its row number and the others go on.
+    Rows are counted as Arrow counts them (empty lines are none)."""
+    positions = [header.index(name) for name in wanted]
+    nulls_ = set(NULL_STRINGS)
+    try:
+        with fs.open_input_stream(path, compression=_compression(path)) as stream:
+            text = io.TextIOWrapper(stream, encoding="utf-8-sig", newline="")
+            records = (record for record in csv.reader(text, delimiter=delimiter) if record)
+            for _ in itertools.islice(records, skip + 1):  # the header, then the rows already read
+                pass
+            while chunk := list(itertools.islice(records, batch_rows)):
+                known: dict[int, tuple[str | None, str]] = {}
+                values: list[list[str | None]] = [[] for _ in wanted]
+                for index, record in enumerate(chunk):
+                    if len(record) != len(header):
+                        known[index] = (None, f"the row has {len(record)} fields, the header {len(header)}")
+                    for column, position in zip(values, positions, strict=True):
+                        value = record[position] if index not in known else None
+                        column.append(None if value is None or value in nulls_ else value)
+                yield RawColumns({name: pa.array(column, pa.string()) for name, column in zip(wanted, values,
+                                                                                               strict=True)}, known)
+    except (UnicodeDecodeError, csv.Error) as exc:
+        raise unreadable_billing(source, exc) from None
 
 
 def _is_text(kind: pa.DataType) -> bool:
-    return pa.types.is_string(kind) or pa.types.is_large_string(kind)
+    return pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_string_view(kind)
 
 
-def _tags_as_json(values: pa.Array) -> pa.Array:
-    """A map<string, string> or struct Tags column as JSON-object text, what FOCUS CSV holds (null stays null)."""
+def as_json_text(values: pa.Array) -> pa.Array:
+    """A list, struct or map column as JSON text, what a FOCUS CSV holds (a map as an object, null
+    stays null); values JSON has no type for (timestamps, decimals, bytes) as their text."""
+    is_map = pa.types.is_map(values.type)
+
     def text(row):
         if row is None:
             return None
-        return json.dumps(dict(row) if isinstance(row, list) else row, sort_keys=True)
+        return json.dumps(dict(row) if is_map else row, sort_keys=True, default=str)
 
     return pa.array([text(row) for row in values.to_pylist()], pa.string())
 
 
 def _tags_reader(source: str, schema: pa.Schema) -> Any:
-    """How to read a Parquet file's Tags column: None as text, `_tags_as_json` for a map or struct;
+    """How to read a Parquet file's Tags column: None as text, `as_json_text` for a map or struct;
     InputError naming the file, column and type for any other type."""
     if "Tags" not in schema.names:
         return None
@@ -588,27 +721,42 @@ def _tags_reader(source: str, schema: pa.Schema) -> Any:
     if _is_text(kind):
         return None
     if pa.types.is_map(kind) or pa.types.is_struct(kind):
-        return _tags_as_json
+        return as_json_text
     raise InputError(f"{source}: column 'Tags' has type {kind}, which Seedance cannot read as tags",
                      hint="Tags holds a JSON object as text, a map<string, string> or a struct of strings")
+
+
+def _plain_strings(values: pa.Array) -> pa.Array:
+    """`values` with large or view strings (as polars and DuckDB write them) as plain strings, also
+    inside a dictionary: the kernels the readers use take plain ones only."""
+    kind = values.type.value_type if pa.types.is_dictionary(values.type) else values.type
+    if not (pa.types.is_large_string(kind) or pa.types.is_string_view(kind)):
+        return values
+    if pa.types.is_dictionary(values.type):
+        return pa.DictionaryArray.from_arrays(values.indices, pc.cast(values.dictionary, pa.string()))
+    return pc.cast(values, pa.string())
 
 
 def _parquet_batches(fs, path: str, source: str, batch_rows: int, columns: list[str]) -> Iterator[dict[str, pa.Array]]:
     handle = fs.open_input_file(path)
     try:
-        schema = pq.ParquetFile(handle).schema_arrow
+        stored = pq.ParquetFile(handle).schema_arrow
+        schema = pa.schema([field.with_name(name) for field, name in zip(stored, focus_names(stored.names),
+                                                                         strict=True)])
+        in_file = dict(zip(schema.names, stored.names, strict=True))  # FOCUS spelling -> the file's
         wanted = _wanted(source, schema.names, columns)
         if not wanted:
             return
         tags = _tags_reader(source, schema) if "Tags" in wanted else None
         # Parquet dictionary pages are read as they are, for text columns (a map or number cannot be)
-        dictionary = [name for name in ("BillingCurrency", *DICT_COLUMNS)
+        dictionary = [in_file[name] for name in ("BillingCurrency", *DICT_COLUMNS)
                       if name in wanted and _is_text(schema.field(name).type)]
         # no pre_buffer: it would hold every row group's compressed chunks at once (memory growing
         # with the file: +390 MB at 50M lines); read one column chunk at a time, it is faster too
         parquet = pq.ParquetFile(handle, read_dictionary=dictionary, pre_buffer=False)
-        for batch in parquet.iter_batches(batch_size=batch_rows, columns=wanted, use_threads=True):
-            read = {name: batch.column(name) for name in wanted}
+        for batch in parquet.iter_batches(batch_size=batch_rows, columns=[in_file[name] for name in wanted],
+                                          use_threads=True):
+            read = {name: _plain_strings(batch.column(in_file[name])) for name in wanted}
             if tags is not None:
                 read["Tags"] = tags(read["Tags"])
             yield read
@@ -622,7 +770,7 @@ def _parquet_names(fs, path: str, source: str) -> list[str]:
     """The column names of the Parquet file at `path`; InputError naming `source` if it is not one."""
     with fs.open_input_file(path) as handle:
         try:
-            return pq.ParquetFile(handle).schema_arrow.names
+            return focus_names(pq.ParquetFile(handle).schema_arrow.names)
         except pa.ArrowInvalid as exc:
             raise unreadable_billing(source, exc) from None
 
@@ -653,7 +801,7 @@ class FocusChunk:
         """The chunk as LINES and its rejected rows; an unreadable value is an InputError naming the file."""
         try:
             return normalise(self.columns, self.first_row, self.source, default_currency=self.default_currency,
-                             costs=self.costs, carry=self.carry)
+                             costs=self.costs, carry=self.carry, known=getattr(self.columns, "known", None))
         except pa.ArrowInvalid as exc:
             raise unreadable_billing(self.source, exc) from None
 
@@ -741,7 +889,7 @@ def cost_explorer_pages(
     cache_path = cache.join("cost-explorer", f"{month}-{group_tag}.json")
     closed = end <= now
     if closed and not refresh and storage.is_file(cache.fs, cache_path):
-        pages = storage.read_json(cache.fs, cache_path)
+        pages = _cached_pages(cache, cache_path)
         return pages, {"pages_queried": 0, "from_cache": True, "estimated": _estimated(pages)}
     client = client or storage.boto3_client("ce")
     request = {
@@ -762,6 +910,26 @@ def cost_explorer_pages(
     return pages, {"pages_queried": len(pages), "from_cache": False, "estimated": _estimated(pages)}
 
 
+def _cached_pages(cache: storage.Location, path: str) -> list[dict]:
+    """The Cost Explorer pages cached at `path`; InputError naming it unless it is a JSON list of
+    response objects (each `ResultsByTime` a list of objects, each `Groups` a list of objects)."""
+    try:
+        pages = storage.read_json(cache.fs, path)
+        valid = isinstance(pages, list) and all(
+            isinstance(page, dict) and isinstance(page.get("ResultsByTime", []), list)
+            and all(isinstance(result, dict) and isinstance(result.get("Groups", []), list)
+                    and all(isinstance(group, dict) for group in result.get("Groups", []))
+                    for result in page.get("ResultsByTime", []))
+            for page in pages)
+        problem = None if valid else "not a list of GetCostAndUsage responses"
+    except (ValueError, UnicodeDecodeError) as exc:
+        problem = f"not JSON: {exc}"
+    if problem:
+        raise InputError(f"{cache.uri_of(path)}: malformed Cost Explorer cache ({problem})",
+                         hint="pass --refresh to query Cost Explorer again and rewrite it")
+    return pages
+
+
 def _estimated(pages: list[dict]) -> bool:
     return any(result.get("Estimated") for page in pages for result in page.get("ResultsByTime", []))
 
@@ -769,18 +937,24 @@ def _estimated(pages: list[dict]) -> bool:
 def read_cost_explorer(pages: list[dict], *, group_tag: str) -> Iterator[tuple[pa.RecordBatch, Rejected]]:
     """Cost Explorer groups as FOCUS lines: one per (tag value, service); `tag$` (untagged) has no tag."""
     columns: dict[str, list] = {name: [] for name in REQUIRED + ["ServiceName", "Tags", "x_Estimated"]}
+    def obj(value) -> dict:  # a cached page is a file: any part of it may be of another type
+        return value if isinstance(value, dict) else {}
+
+    def text(value) -> str | None:
+        return None if value is None else str(value)
+
     for page in pages:
         for result in page.get("ResultsByTime", []):
             for group in result.get("Groups", []):
-                keys = group.get("Keys", [])
+                keys = [str(key) for key in group.get("Keys") or []] if isinstance(group.get("Keys"), list) else []
                 tag_value = keys[0].split("$", 1)[1] if keys and "$" in keys[0] else ""
-                metrics = group.get("Metrics", {})
-                amortized = metrics.get("AmortizedCost", {})
-                unblended = metrics.get("UnblendedCost", {})
-                columns["ChargePeriodStart"].append(result.get("TimePeriod", {}).get("Start"))
-                columns["BillingCurrency"].append(unblended.get("Unit") or amortized.get("Unit"))
-                columns["BilledCost"].append(unblended.get("Amount"))
-                columns["EffectiveCost"].append(amortized.get("Amount"))
+                metrics = obj(group.get("Metrics"))
+                amortized = obj(metrics.get("AmortizedCost"))
+                unblended = obj(metrics.get("UnblendedCost"))
+                columns["ChargePeriodStart"].append(text(obj(result.get("TimePeriod")).get("Start")))
+                columns["BillingCurrency"].append(text(unblended.get("Unit") or amortized.get("Unit")))
+                columns["BilledCost"].append(text(unblended.get("Amount")))
+                columns["EffectiveCost"].append(text(amortized.get("Amount")))
                 columns["ServiceName"].append(keys[1] if len(keys) > 1 else None)
                 columns["Tags"].append(json.dumps({group_tag: tag_value}) if tag_value else None)
                 columns["x_Estimated"].append(bool(result.get("Estimated")))

@@ -133,6 +133,21 @@ def parse_amount(text: str) -> Decimal:
     return _checked(Decimal(body), text)
 
 
+def amount_to_scale(text: str) -> tuple[Decimal, bool]:
+    """`text` as `parse_amount` reads it, except that an amount with more than SCALE decimal places
+    is rounded half-even to SCALE places instead of refused (exports computed in binary floating
+    point print 16-24 of them, e.g. Azure's: what lies past the 12th is noise, as `float_amount`
+    drops it); and whether it was rounded. ValueError saying why for text that is no such amount."""
+    try:
+        return parse_amount(text), False
+    except ValueError:
+        body = text.strip() if isinstance(text, str) else None
+        if body is None or not _NUMBER.fullmatch(body) or _places(Decimal(body)) <= SCALE:
+            raise
+    amount = Decimal(body).quantize(QUANTUM, rounding=ROUND_HALF_EVEN, context=CONTEXT)
+    return _checked(amount, text), True
+
+
 def float_amount(value: float) -> Decimal:
     """A binary float as the Decimal it stands for: its shortest repr (`0.1` -> `0.1`, never
     `0.1000000000000000055...`), rounded half-even to SCALE places only where that repr has more

@@ -21,7 +21,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from seedance_tasks import storage
-from seedance_tasks.errors import ConfigError, SeedanceError, UnavailableError
+from seedance_tasks.errors import ConfigError, InputError, SeedanceError, UnavailableError
 from seedance_tasks.notifiers import (
     NotificationSettings,
     load_notification_settings,
@@ -40,9 +40,23 @@ class Ledger:
     def __init__(self, state: Location, name: str):
         self.state = state
         self.path = state.join(name)
-        self.entries: dict[str, Any] = (
-            storage.read_json(state.fs, self.path) if storage.is_file(state.fs, self.path) else {}
-        )
+        self.entries: dict[str, Any] = self._load()
+
+    def _load(self) -> dict[str, Any]:
+        """The ledger's entries; none if it has no file yet. InputError naming the file if it is not a
+        JSON object: it records what was already done, so it is never silently started afresh."""
+        if not storage.is_file(self.state.fs, self.path):
+            return {}
+        try:
+            entries = storage.read_json(self.state.fs, self.path)
+            problem = None if isinstance(entries, dict) else f"a JSON {type(entries).__name__}, not an object"
+        except (ValueError, UnicodeDecodeError) as exc:
+            problem = f"not JSON: {exc}"
+        if problem:
+            raise InputError(f"{self.state.uri_of(self.path)}: malformed state file ({problem})",
+                             hint="it records what was already done (notified, frozen): restore it from the "
+                             "trash or a backup, or move it away to act on everything again")
+        return entries
 
     def __contains__(self, key: str) -> bool:
         return key in self.entries

@@ -29,6 +29,7 @@ import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from seedance_tasks.config import StrictModel
+from seedance_tasks.cost.ingest import CURRENCY_RE
 from seedance_tasks.cost.workdays import MONTH_PATTERN
 from seedance_tasks.errors import YAML_HINT, ConfigError, yaml_problem
 from seedance_tasks.notifiers import WebhookRef, email_list
@@ -64,6 +65,31 @@ class Match(StrictModel):
         return self
 
 
+def owner_name(value):
+    """An owner's name as given in the owners file, surrounding spaces dropped (as tag values are);
+    ValueError for a blank one, which would charge a cost to nobody in particular."""
+    if isinstance(value, str):
+        value = value.strip()
+        if not value:
+            raise ValueError("an owner name must not be empty or blank")
+    return value
+
+
+def currency_code(value):
+    """A currency as the owners file gives it, as billing lines hold it: an ISO 4217 code in capitals
+    (` usd` -> `USD`); ValueError for anything else, which would never match a line's currency."""
+    if isinstance(value, str):
+        value = value.strip().upper()
+        if not re.fullmatch(CURRENCY_RE, value):
+            raise ValueError(f"{value!r} is not a currency code (ISO 4217, e.g. USD or EUR)")
+    return value
+
+
+def _owner_keys(value):
+    """A mapping keyed by owner names (budgets, contacts, approvers) with its keys as `owner_name` gives them."""
+    return {owner_name(key): item for key, item in value.items()} if isinstance(value, dict) else value
+
+
 def _check_dates(rule):
     """A dated rule must apply on at least one day: valid_from before valid_to."""
     if rule.valid_from is not None and rule.valid_to is not None and rule.valid_to <= rule.valid_from:
@@ -80,6 +106,7 @@ class Rule(StrictModel):
     valid_to: date | None = Field(None, description="day the rule stops applying (exclusive)")
 
     _dates = model_validator(mode="after")(_check_dates)
+    _owner = field_validator("owner", mode="before")(owner_name)
 
 
 class Recency(StrictModel):
@@ -117,6 +144,8 @@ class Budget(StrictModel):
     amount: Decimal = Field(..., ge=0)
     currency: str = "USD"
 
+    _currency = field_validator("currency", mode="before")(currency_code)
+
 
 class Approval(StrictModel):
     owner: str
@@ -124,6 +153,9 @@ class Approval(StrictModel):
     to_month: str = Field(..., pattern=MONTH_PATTERN, description="inclusive")
     up_to: Decimal = Field(..., ge=0, description="spend the approval covers, in `currency`")
     currency: str = "USD"
+
+    _owner = field_validator("owner", mode="before")(owner_name)
+    _currency = field_validator("currency", mode="before")(currency_code)
 
     @field_validator("from_month", "to_month", mode="before")
     @classmethod
@@ -159,6 +191,8 @@ class OwnersFile(StrictModel):
     approvers: dict[str, list[str]] = Field(
         default_factory=dict, description="owner -> Airflow user names who confirm its chargeback (HITL); none: any")
     base_dir: str = Field("", exclude=True, description="directory of the file, for relative usage paths")
+
+    _owners = field_validator("contacts", "budgets", "approvers", mode="before")(_owner_keys)
 
     @property
     def keys(self) -> list[str]:
@@ -209,19 +243,31 @@ def _unique_ids(uri: str, kind: str, rules: list) -> None:
 def parse_tags(text: str | None) -> dict[str, str] | None:
     """Tags of a billing line: a JSON object (FOCUS), or one without braces (Azure EA); None if absent.
 
-    Values are strings, null (as "") or numbers (as their JSON text). Raises ValueError for text
-    that is not such an object.
+    Values are strings, null (as "") or numbers (as their JSON text). A key repeated with another
+    value is kept as another spelling of it (spaces added, which `norm_key` drops), so the
+    disagreement is a tag conflict, not a silent last-one-wins. Raises ValueError for text that is
+    not such an object.
     """
     if text is None or not text.strip():
         return None
     body = text.strip()
     try:
-        value = json.loads(body if body.startswith("{") else "{" + body + "}")
+        value = json.loads(body if body.startswith("{") else "{" + body + "}", object_pairs_hook=_repeated_keys)
     except json.JSONDecodeError:
         raise ValueError(f"tags are not a JSON object: {text[:80]!r}") from None
     if not isinstance(value, dict):
         raise ValueError(f"tags are not a JSON object: {text[:80]!r}")
     return {str(key): _tag_value(key, item, text) for key, item in value.items()}
+
+
+def _repeated_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    """A JSON object's pairs as a dict in which a key repeated with another value gets a trailing space."""
+    out: dict[str, object] = {}
+    for key, item in pairs:
+        while key in out and out[key] != item:
+            key += " "
+        out[key] = item
+    return out
 
 
 def _tag_value(key: str, item, text: str) -> str:

@@ -49,9 +49,10 @@ from seedance_tasks.cost.ingest import (
     carried_columns,
     lines_schema,
     month_bounds,
+    rounded_amounts,
     source_of,
 )
-from seedance_tasks.cost.money import exact, fmt
+from seedance_tasks.cost.money import SCALE, exact, fmt
 from seedance_tasks.cost.owners import load_owners
 from seedance_tasks.errors import InputError, IntegrityError, SeedanceError, UsageError
 
@@ -241,8 +242,10 @@ def ingest_stage(data: dict[str, Any]) -> dict[str, Any]:
              else list(cur_focus.CARRY) if job.format == "cur" else [])
     files = LineFiles()  # which file each staged line comes from: a few bytes per file, no column per line
     with _parquet_output(root, job.work_path("lines.parquet"), lines_schema(carry), intermediate=True) as writer:
+        rounded = 0
         for batch, bad in _batches(job, settings, info, carry):
             info["rows_read"] += len(batch) + len(bad)
+            rounded += rounded_amounts(batch)
             for item in bad:
                 if item["month"] in (None, job.month):
                     rejected_count += 1
@@ -253,8 +256,8 @@ def ingest_stage(data: dict[str, Any]) -> dict[str, Any]:
             if len(kept):
                 writer.write_batch(kept)
                 files.add(source_of(kept) or job.billing, len(kept))
-    info.update(rejected=rejected, rejected_count=rejected_count, warnings=_skipped_warning(job),
-                files=files.to_json())
+    info.update(rejected=rejected, rejected_count=rejected_count, rounded_amounts=rounded,
+                warnings=_skipped_warning(job) + _rounded_warning(job, rounded), files=files.to_json())
     storage.write_json_atomic(root.fs, job.work_path("ingest.json"), info)
     result = {"rows_read": info["rows_read"], "rows_in_month": info["rows_in_month"], "rejected": rejected_count}
     if "cost_explorer" in info:  # pages queried (and their price) or served from the cache
@@ -372,6 +375,25 @@ def _safe(owner: str) -> str:
     return re.sub(r"[^A-Za-z0-9._@-]+", "_", owner).lstrip("._") or "owner"
 
 
+NAME_CHARS = 100
+"""The most characters of an owner's name a statement's file name keeps (a file name has at most
+255 bytes, its temporary sibling's some more)."""
+
+
+def statement_name(owner: str | None, taken: set[str]) -> str:
+    """The file name of `owner`'s statement, none of `taken` (names already given, casefolded):
+    `unallocated.csv` for None, else `owner=<name>.csv` with the characters a file name cannot hold
+    as `_` and a name longer than NAME_CHARS cut, each with a hash of the whole name added, so no two
+    owners share a file, not even where file names ignore case (macOS, Windows: `Alpha`, `alpha`)."""
+    if owner is None:
+        return "unallocated.csv"
+    safe, digest = _safe(owner), hashlib.sha256(owner.encode()).hexdigest()[:8]
+    if len(safe) > NAME_CHARS:
+        safe = f"{safe[:NAME_CHARS]}-{digest}"
+    name = f"owner={safe}.csv"
+    return name if name.casefold() not in taken else f"owner={safe}-{digest}.csv"
+
+
 def _plain_keys(table: pa.Table, keys: list[str]) -> pa.Table:
     """`table` with its dictionary `keys` decoded (batches' dictionaries differ; groups are few)."""
     for key in keys:
@@ -410,11 +432,11 @@ def statements_stage(data: dict[str, Any]) -> dict[str, Any]:
     per_owner: dict[str | None, list] = {}
     for key in sorted(groups, key=lambda k: tuple("" if part is None else part for part in k)):
         per_owner.setdefault(key[0], []).append((key, groups[key]))
-    written = []
+    written: list[str] = []
+    taken: set[str] = set()
     for owner, rows in per_owner.items():
-        name = "unallocated.csv" if owner is None else f"owner={_safe(owner)}.csv"
-        if name in written:  # two owners that only differ in characters a file name cannot hold
-            name = f"owner={_safe(owner)}-{hashlib.sha256(owner.encode()).hexdigest()[:8]}.csv"
+        name = statement_name(owner, taken)
+        taken.add(name.casefold())
         storage.write_bytes_atomic(root.fs, job.work_path("out", "statements", name),
                                    statement(job.month, owner, job.basis, rows))
         written.append(name)
@@ -475,6 +497,15 @@ def _skipped_warning(job: Job) -> list[str]:
     shown = ", ".join(skipped[:10]) + (f" and {len(skipped) - 10:,} more" if len(skipped) > 10 else "")
     return [f"{len(skipped):,} files in {job.billing} are not billing files (.csv, .csv.gz, .parquet) and were "
             f"not read: {shown}"]
+
+
+def _rounded_warning(job: Job, rounded: int) -> list[str]:
+    """A warning counting the amounts of the billing source that had more than SCALE decimal places
+    and were rounded half-even to SCALE (kept, not rejected: see `money.amount_to_scale`)."""
+    if not rounded:
+        return []
+    return [f"{rounded:,} amounts in {job.billing} had more than {SCALE} decimal places and were rounded "
+            f"half-even to {SCALE} (each changed by at most 5e-{SCALE + 1})"]
 
 
 def _empty_month_warning(job: Job, ingest: dict[str, Any]) -> list[str]:
@@ -564,16 +595,33 @@ def report_stage(data: dict[str, Any]) -> dict[str, Any]:
         return {"month": job.month, "published": [], "retired": [], "run_id": None, "recovered": recovered,
                 "out": root.uri_of(root.join(final_dir)), "note": "nothing staged: already published"}
     summary = storage.read_json(root.fs, job.work_path("out", "summary.json"))
-    trend = []
+    trend, skipped = [], []
     for info in storage.list_files(root):
         relative = root.relative(info.path)
         match = re.fullmatch(r"month=(\d{4}-\d{2})/summary\.json", relative)
         if match and match.group(1) < job.month:
-            trend.append(storage.read_json(root.fs, info.path))
+            earlier = _trend_point(root, info.path, match.group(1))
+            (trend if earlier else skipped).append(earlier or relative)
     trend = sorted(trend, key=lambda item: item["month"])[-11:] + [summary]
     result = publish(job, render_report(summary, trend).encode())
     result["recovered"] = recovered
+    if skipped:
+        result["trend_skipped"] = sorted(skipped)
     return result
+
+
+def _trend_point(root: storage.Location, path: str, month: str) -> dict[str, Any] | None:
+    """An earlier month's published summary.json as the report's trend reads it (`month` and each
+    currency's `unallocated`), or None if it is not one (an unreadable or hand-edited file must not
+    stop this month's report: that month is left out of the trend)."""
+    try:
+        earlier = storage.read_json(root.fs, path)
+        currencies = earlier["currencies"]
+        points = {currency: {"unallocated": fmt(Decimal(str(entry["unallocated"])))}
+                  for currency, entry in currencies.items()}
+    except (OSError, ValueError, TypeError, KeyError, AttributeError, ArithmeticError):
+        return None
+    return {"month": month, "currencies": points}
 
 
 def publish(job: Job, report_html: bytes) -> dict[str, Any]:

@@ -102,7 +102,7 @@ def test_malformed_rows_are_rejected_and_the_run_goes_on(tmp_path):
         line("2024-09-04 00:00:00", "2", currency="usd$"),  # bad currency
         line("2024-13-45 00:00:00", "3"),  # impossible date
         line("NULL", "4"),  # missing start
-        line("2024-09-05 00:00:00", "0.0000000000001"),  # 13 decimal places: would lose precision
+        line("2024-09-05 00:00:00", "0.0000000000006"),  # 13 decimal places: kept, rounded half-even to 12
         line("2024-09-06 00:00:00", "7", tags="{not json"),  # tags are optional: kept, noted
     ]
     billing = write_focus(tmp_path / "bad.csv", rows)
@@ -111,9 +111,11 @@ def test_malformed_rows_are_rejected_and_the_run_goes_on(tmp_path):
                             out=str(tmp_path / "out"))["summary"]
     got = {(item["row"], item["column"]) for item in summary["rejected"]}
     assert got == {(2, "BilledCost"), (3, "BilledCost"), (4, "BillingCurrency"), (5, "ChargePeriodStart"),
-                   (6, "ChargePeriodStart"), (7, "BilledCost")}
+                   (6, "ChargePeriodStart")}
     assert all(item["reason"] for item in summary["rejected"])
-    assert summary["currencies"]["USD"]["total"] == "8.25"
+    assert summary["currencies"]["USD"]["total"] == "8.250000000001"
+    assert any(warning.startswith("2 amounts in ") and "rounded half-even to 12" in warning
+               for warning in summary["warnings"])  # its BilledCost and EffectiveCost
     assert summary["malformed_tags_rows"] == [8]
 
 

@@ -46,10 +46,14 @@ GOOD_AMOUNTS = st.one_of(
     st.sampled_from([Decimal("0"), Decimal("-0"), Decimal("0.1"), Decimal("-2.6137"), Decimal("1e16"),
                      Decimal("999999999999999999.999999999999")]),
 ).flatmap(lambda value: _amount_texts(value).map(lambda text: (text, value)))
+ROUNDED_AMOUNTS = st.sampled_from([  # more than 12 places: rounded half-even to 12, kept
+    ("0.0000000000001", Decimal("0")), ("0.0000000000005", Decimal("0")), ("0.0000000000015", Decimal("2e-12")),
+    ("-0.0005459213038081", Decimal("-0.000545921304")), ("1.000000000000500000001", Decimal("1.000000000001"))])
 BAD_AMOUNTS = st.sampled_from(["12,50", "abc", "nan", "-Infinity", "1e30", "1e18", "-1000000000000000000",
-                               "0.0000000000001", "1_000", "0x10", "1e", "..5", "١٢"]).map(lambda t: (t, BAD))
+                               "999999999999999999.9999999999999", "1_000", "0x10", "1e", "..5", "١٢"]).map(
+    lambda t: (t, BAD))
 MISSING = st.sampled_from(["", "NULL"]).map(lambda text: (text, BAD))
-AMOUNTS = st.one_of(GOOD_AMOUNTS, GOOD_AMOUNTS, GOOD_AMOUNTS, BAD_AMOUNTS, MISSING)
+AMOUNTS = st.one_of(GOOD_AMOUNTS, GOOD_AMOUNTS, GOOD_AMOUNTS, ROUNDED_AMOUNTS, BAD_AMOUNTS, MISSING)
 
 INSTANTS = st.datetimes(min_value=datetime(2000, 1, 1), max_value=datetime(2030, 12, 31))
 GOOD_STARTS = st.one_of(
