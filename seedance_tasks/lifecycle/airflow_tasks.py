@@ -101,7 +101,8 @@ def gc_task(item: dict) -> dict:
         raise damaged_error(result["damaged"], "nothing of the run was collected")
     return {**item, "deleted": result["checkpoints_deleted"], "kept": result["checkpoints_kept"],
             "bytes_freed": result["bytes_freed"], "stray_files": result["stray_files"],
-            "stray_bytes": result["stray_bytes"], "cost": result["cost"], "recovered": result["recovered"]}
+            "stray_bytes": result["stray_bytes"], "cost": result["cost"], "recovered": result["recovered"],
+            "left_alone": [p["left_alone"] for p in result["runs"] if p["left_alone"]]}
 
 
 @fail_fast

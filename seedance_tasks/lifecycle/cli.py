@@ -37,10 +37,12 @@ def _fail_if_damaged(result: dict, what: str) -> None:
 
 
 def _cost_line(cost: dict) -> str:
+    from seedance_tasks.lifecycle.costs import shown
+
     before, after, saving = cost["before"], cost["after"], cost["saving"]
     return (
-        f"monthly storage cost ${before['monthly_usd']} -> ${after['monthly_usd']} "
-        f"(saves ${saving['monthly_usd']}/month, {saving['fraction']:.0%}); "
+        f"monthly storage cost {shown(before['monthly_usd'])} -> {shown(after['monthly_usd'])} "
+        f"(saves {shown(saving['monthly_usd'])}/month, {saving['fraction']:.0%}); "
         + ", ".join(f"{tier} {_size(row['bytes'])}" for tier, row in after["tiers"].items())
     )
 
@@ -89,6 +91,11 @@ def gc(
         kept = [[p["run"], k["step"], ", ".join(k["reasons"])] for p in res["runs"] for k in p["kept"]]
         console.print(table("kept", ["run", "step", "why"], kept))
         for p in res["runs"]:
+            if p["left_alone"] and not p["damaged"]:  # damaged manifests: the error line below
+                console.print(f"[yellow]warning:[/] run {escape(p['run'])} left alone: {escape(p['left_alone'])} "
+                              "(check --metric / lifecycle.retention.metric, or keep_best 0 for this run)")
+            for item in p["refused"]:
+                console.print(f"[yellow]left alone[/] {escape(p['run'])}/step-{item['step']}: {escape(item['reason'])}")
             for step, lost in p["unrestorable_kept"].items():
                 console.print(f"[red]warning:[/] {escape(p['run'])}/step-{step} is kept but its base(s) {lost} are missing")
         console.print(_cost_line(res["cost"]))
@@ -183,14 +190,15 @@ def cost(
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Bytes per tier and the monthly storage cost by tier (price table: lifecycle.prices)."""
+    from seedance_tasks.lifecycle.costs import shown
     from seedance_tasks.lifecycle.report import store_report
 
     result = store_report(_store(store))
 
     def render(res: dict) -> None:
-        console.print(table(f"checkpoint storage of {escape(res['store'])}", ["tier", "files", "bytes", "USD/month"],
-                            [[t, r["files"], _size(r["bytes"]), r["monthly_usd"]] for t, r in res["tiers"].items()]))
-        console.print(f"{res['checkpoints']} checkpoint(s), {_size(res['bytes'])}, ${res['monthly_usd']}/month; "
+        console.print(table(f"checkpoint storage of {escape(res['store'])}", ["tier", "files", "bytes", "per month"],
+                            [[t, r["files"], _size(r["bytes"]), shown(r["monthly_usd"])] for t, r in res["tiers"].items()]))
+        console.print(f"{res['checkpoints']} checkpoint(s), {_size(res['bytes'])}, {shown(res['monthly_usd'])}/month; "
                       f"trash {_size(res['trash_bytes'])}", markup=False)
 
     emit(result, as_json, render)

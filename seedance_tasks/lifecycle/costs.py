@@ -1,14 +1,20 @@
-"""Bytes per tier and their monthly storage cost, from the price table in config (Decimal, USD)."""
+"""Bytes per tier and their monthly storage cost, from the price table in config (Decimal, USD).
+
+Figures a report shows are rounded to the cent (`money.rounded`, half-up); the tiers' figures are
+the rounded total split by largest remainder, so they add up to it exactly.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from decimal import ROUND_HALF_UP, Decimal
+from decimal import Decimal
 
-from seedance_tasks.lifecycle.settings import TIERS, LifecycleSettings
+from seedance_tasks.cost import money
+from seedance_tasks.lifecycle.settings import DEFAULT_PRICES, TIERS, LifecycleSettings
 
 GB = Decimal(1024**3)  # S3 bills GB-months of 2^30 bytes
-CENT = Decimal("0.0001")
+CURRENCY = "USD"  # of `lifecycle.prices`
+CENT = Decimal(1).scaleb(-money.minor_units(CURRENCY))
 
 
 def price_key(entry: dict, settings: LifecycleSettings) -> str:
@@ -20,43 +26,68 @@ def price_key(entry: dict, settings: LifecycleSettings) -> str:
 
 
 def monthly(num_bytes: int, key: str, settings: LifecycleSettings) -> Decimal:
-    """USD per month of keeping `num_bytes` at price class `key`."""
-    return Decimal(num_bytes) / GB * settings.prices[key]
+    """USD per month of keeping `num_bytes` at price class `key`, exact (not rounded).
+
+    A storage class the configured table lacks (a file an older configuration tiered) is priced
+    at its S3 list price (`DEFAULT_PRICES`); a tier's own class is always in the table (settings).
+    """
+    price = settings.prices.get(key)
+    return Decimal(num_bytes) / GB * (price if price is not None else DEFAULT_PRICES[key])
+
+
+class Tally:
+    """Bytes, files and exact monthly cost per tier of the checkpoints added so far; keeps no
+    manifest, so a pass over a large store adds each run's and lets it go."""
+
+    def __init__(self, settings: LifecycleSettings):
+        self.settings, self.checkpoints = settings, 0
+        self.tiers: dict[str, dict] = {tier: {"bytes": 0, "files": 0, "monthly_usd": Decimal(0)} for tier in TIERS}
+
+    def add(self, manifests: Iterable[dict]) -> Tally:
+        """Count `manifests` in; returns self."""
+        for manifest in manifests:
+            self.checkpoints += 1
+            for entry in manifest["files"].values():
+                tier = entry.get("tier") or "hot"
+                row = self.tiers.setdefault(tier, {"bytes": 0, "files": 0, "monthly_usd": Decimal(0)})
+                size = int(entry.get("size") or 0)
+                row["bytes"] += size
+                row["files"] += 1
+                row["monthly_usd"] += monthly(size, price_key(entry, self.settings), self.settings)
+        return self
+
+    def report(self) -> dict:
+        """{"tiers": {tier: {"bytes", "files", "monthly_usd"}}, "bytes", "monthly_usd", "currency",
+        "checkpoints"}: costs are strings of Decimals in cents; the tiers' add up to `monthly_usd`."""
+        exact = [row["monthly_usd"] for row in self.tiers.values()]
+        total = money.rounded(sum(exact, Decimal(0)), CURRENCY)
+        parts = money.largest_remainder(total, exact, CENT) if any(exact) else [total] * len(exact)
+        return {
+            "checkpoints": self.checkpoints,
+            "bytes": sum(row["bytes"] for row in self.tiers.values()),
+            "monthly_usd": str(total),
+            "currency": CURRENCY,
+            "tiers": {tier: {**row, "monthly_usd": str(part)}
+                      for (tier, row), part in zip(self.tiers.items(), parts, strict=True)},
+        }
 
 
 def report(manifests: Iterable[dict], settings: LifecycleSettings) -> dict:
-    """{"tiers": {tier: {"bytes", "files", "monthly_usd"}}, "bytes", "monthly_usd", "checkpoints"}.
-
-    Costs are Decimal rounded to 1/100 of a cent, as strings in JSON.
-    """
-    tiers: dict[str, dict] = {tier: {"bytes": 0, "files": 0, "monthly_usd": Decimal(0)} for tier in TIERS}
-    count = 0
-    for manifest in manifests:
-        count += 1
-        for entry in manifest["files"].values():
-            tier = entry.get("tier") or "hot"
-            row = tiers.setdefault(tier, {"bytes": 0, "files": 0, "monthly_usd": Decimal(0)})
-            size = int(entry.get("size") or 0)
-            row["bytes"] += size
-            row["files"] += 1
-            row["monthly_usd"] += monthly(size, price_key(entry, settings), settings)
-    total = sum((row["monthly_usd"] for row in tiers.values()), Decimal(0))
-    return {
-        "checkpoints": count,
-        "bytes": sum(row["bytes"] for row in tiers.values()),
-        "monthly_usd": str(total.quantize(CENT, ROUND_HALF_UP)),
-        "tiers": {
-            tier: {**row, "monthly_usd": str(row["monthly_usd"].quantize(CENT, ROUND_HALF_UP))}
-            for tier, row in tiers.items()
-        },
-    }
+    """`Tally.report` of `manifests`."""
+    return Tally(settings).add(manifests).report()
 
 
 def saving(before: dict, after: dict) -> dict:
-    """Bytes and USD/month saved from report `before` to report `after`, and the fraction."""
+    """Bytes and USD/month (cents) saved from report `before` to report `after`, and the fraction."""
     cost_before, cost_after = Decimal(before["monthly_usd"]), Decimal(after["monthly_usd"])
     return {
         "bytes": before["bytes"] - after["bytes"],
         "monthly_usd": str(cost_before - cost_after),
+        "currency": CURRENCY,
         "fraction": float((cost_before - cost_after) / cost_before) if cost_before else 0.0,
     }
+
+
+def shown(amount: str) -> str:
+    """A cost of a report as a person reads it: cents, thousands separators, the currency."""
+    return money.display(amount, CURRENCY)

@@ -61,6 +61,7 @@ def _figures(report: dict, store: Path) -> list[tuple[str, str]]:
     """The lifecycle report's before/after figures, and a verified restore of the latest kept step."""
     from seedance_tasks import checkpoint, storage
     from seedance_tasks.checkpoint.store import committed_steps
+    from seedance_tasks.lifecycle.costs import shown
 
     if not report:
         return []
@@ -76,6 +77,7 @@ def _figures(report: dict, store: Path) -> list[tuple[str, str]]:
         ("freed by GC (trash purged)", format_size(report["bytes_freed"])),
         ("moved to warm / cold", f"{run['moved'].get('warm', 0)} / {run['moved'].get('cold', 0)}"),
         ("bytes per tier (hot/warm/cold)", " / ".join(format_size(tiers[t]["bytes"]) for t in ("hot", "warm", "cold"))),
-        ("monthly cost before -> after", f"${before} -> ${after} (-{(before - after) / before:.0%})" if before else "$0"),
+        ("monthly cost before -> after", f"{shown(before)} -> {shown(after)}"
+                                          + (f" (-{(before - after) / before:.0%})" if before else "")),
         ("restored latest step after tiering", f"{restored['step']} (sha256-verified)"),
     ]

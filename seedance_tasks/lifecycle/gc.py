@@ -8,7 +8,8 @@ the listing -- and then its data files, to the trash of the root they live under
 location); archive-class S3 objects, which S3 cannot copy, are deleted instead. The bytes are
 freed by `seedance trash purge`. A kept checkpoint and every base in its chain are never in the
 journal. Manifests are read through the catalog, so a file outside the store's trusted roots is
-never named, and a checkpoint reached through a symlink is left alone and reported.
+never named, and a checkpoint reached through a symlink, or with files under a tier location that
+does not exist (an unmounted volume, a deleted bucket), is left alone and reported (`refused`).
 
 Files of interrupted saves (a step folder without a manifest, a losing attempt's data files:
 named by no manifest) go to the trash in the same journal once `stray_min_age` old (a day by
@@ -24,6 +25,8 @@ from __future__ import annotations
 import posixpath
 from collections.abc import Callable
 from datetime import UTC, datetime
+
+import pyarrow.fs as pafs
 
 from seedance_tasks import journal as journals
 from seedance_tasks import storage
@@ -78,6 +81,22 @@ def _linked(store: Location, manifest: dict) -> str | None:
     return None
 
 
+def _on_missing_root(store: Location, manifest: dict, present: dict[str, bool]) -> str | None:
+    """Why a checkpoint must be left alone: a tier location it has files under does not exist (an
+    unmounted volume, a deleted bucket), so its files can be neither found nor retired (else None).
+    `present` caches each root's answer for one plan."""
+    for name in sorted(manifest["files"]):
+        root = inventory.file_ref(store, manifest, name).root
+        if root == store.uri:
+            continue
+        if root not in present:
+            location = storage.resolve(root)
+            present[root] = location.fs.get_file_info(location.path).type == pafs.FileType.Directory
+        if not present[root]:
+            return f"its tier location {root} does not exist (unmounted, or deleted?): its files were not found"
+    return None
+
+
 def _strays(store: Location, run: str, found: list[dict], now: datetime, min_age_s: float) -> list[dict]:
     """Files of interrupted saves old enough to go ({"rel", "bytes"}, by path)."""
     return [{"rel": item["rel"], "bytes": item["bytes"]} for item in catalog.stray_files(store, run, found)
@@ -87,24 +106,32 @@ def _strays(store: Location, run: str, found: list[dict], now: datetime, min_age
 def plan_run(store: Location, run: str, rules: policy.RetentionPolicy, now: datetime,
              roots: list[str] | None = None, stray_min_age_s: float = 86400) -> dict:
     """What GC would do to `run`: kept steps with reasons, garbage steps with bytes, and the files
-    of interrupted saves (`strays`) older than `stray_min_age_s`."""
+    of interrupted saves (`strays`) older than `stray_min_age_s`. A run with a damaged manifest,
+    or whose policy keeps the best by a metric none of its checkpoints records (a misspelt
+    metric would rank nothing and collect the best), is left alone, saying why (`left_alone`)."""
     found, damaged = catalog.read_run(store, run, roots)
-    if damaged:  # a run with a damaged manifest is left alone: its chains and files cannot be told
+    unranked = rules.keep_best and rules.metric and found and \
+        all(policy.metric_value(m, rules.metric) is None for m in found)
+    if damaged or unranked:  # left alone: its chains and files cannot be told, or "best" is a typo
+        why = "the run has a damaged manifest" if damaged else \
+            f"no checkpoint records metric {rules.metric!r} that keep_best {rules.keep_best} ranks by"
         return {"run": run, "policy": rules.model_dump(mode="json"), "checkpoints": len(found) + len(damaged),
-                "kept": [{"step": m["step"], "reasons": ["the run has a damaged manifest: nothing collected"]}
-                         for m in found],
+                "kept": [{"step": m["step"], "reasons": [f"{why}: nothing collected"]} for m in found],
                 "delete": [], "bytes_freed": 0, "strays": [], "stray_bytes": 0, "unrestorable_kept": {},
-                "refused": [], "damaged": damaged, "_manifests": found, "_garbage": []}
+                "refused": [], "damaged": damaged, "left_alone": why, "_manifests": found, "_garbage": []}
     kept = policy.select(found, rules, now)
-    garbage, refused = [], []
+    garbage, refused, present = [], [], {}
     for manifest in found:
         if manifest["step"] in kept:
             continue
-        reason = _linked(store, manifest)
+        reason = _linked(store, manifest) or _on_missing_root(store, manifest, present)
         if reason:
             refused.append({"step": manifest["step"], "reason": reason})
         else:
             garbage.append(manifest)
+    if refused:  # a checkpoint left alone stays, and so does every base its restore reads
+        kept = policy.with_bases(found, {**kept, **{item["step"]: ["left alone"] for item in refused}})
+        garbage = [m for m in garbage if m["step"] not in kept]
     return {
         "run": run,
         "policy": rules.model_dump(mode="json"),
@@ -120,6 +147,7 @@ def plan_run(store: Location, run: str, rules: policy.RetentionPolicy, now: date
         "unrestorable_kept": policy.missing_bases(found, kept),
         "refused": refused,
         "damaged": [],
+        "left_alone": None,
         "_manifests": found,
         "_garbage": garbage,
     }
@@ -149,22 +177,30 @@ def collect(
     settings = settings or load_lifecycle_settings()
     store = catalog.existing_store(store_uri)
     now = now or datetime.now(UTC)
-    names = [catalog.check_run_name(run) for run in runs] if runs else catalog.runs(store)
+    names = journaled.run_names(store, runs)
     rules = {run: policy.policy_with(settings, run, **policy_overrides) for run in names}
     roots = journaled.roots(store, settings)
     trash_id = trash_id or storage.new_run_id()  # real time: purge dates trash by it
     holder = holder or f"gc-{trash_id}"
     plans, recovered = [], []
+    before, after = costs.Tally(settings), costs.Tally(settings)
+
+    def done(plan: dict) -> None:  # counted, then its manifests let go: memory stays one run's
+        garbage = {id(m) for m in plan.pop("_garbage")}
+        manifests = plan.pop("_manifests")
+        before.add(manifests)
+        after.add(m for m in manifests if id(m) not in garbage)
+        plans.append(plan)
+
     for index, run in enumerate(names):
         if on_progress:
             on_progress(index, len(names))
         if not apply:
-            plans.append(plan_run(store, run, rules[run], now, roots, settings.stray_min_age))
+            done(plan_run(store, run, rules[run], now, roots, settings.stray_min_age))
             continue
         with journaled.run_lease(store, run, holder, "checkpoint gc") as held:
             recovered.extend(recover(store, run, roots))
             plan = plan_run(store, run, rules[run], now, roots, settings.stray_min_age)
-            plans.append(plan)
             if plan["_garbage"] or plan["strays"]:
                 retires, external = _removal(store, plan["_garbage"])
                 retires += [item["rel"] for item in plan["strays"]]
@@ -176,13 +212,10 @@ def collect(
                 )
                 held.check()  # the point of no return: only while the lease is still ours
                 entry.commit(external_roots=roots)
+            done(plan)
     if on_progress:
         on_progress(len(names), len(names))
-    before = costs.report([m for p in plans for m in p["_manifests"]], settings)
-    after = costs.report([m for p in plans for m in p["_manifests"] if m not in p["_garbage"]], settings)
-    for plan in plans:
-        plan.pop("_manifests")
-        plan.pop("_garbage")
+    before, after = before.report(), after.report()
     return {
         "store": store.uri,
         "applied": apply,

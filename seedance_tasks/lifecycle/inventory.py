@@ -7,7 +7,7 @@ catalog to rewrite a manifest (`catalog.replace_manifest`) when it moves files b
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 
 from seedance_tasks.checkpoint.catalog import last_restored, manifests, record_restore, restored_rel, set_tags
 from seedance_tasks.checkpoint.manifest import (
@@ -19,13 +19,18 @@ from seedance_tasks.checkpoint.manifest import (
     tier_rel,
 )
 
-__all__ = ["FileRef", "age_s", "file_ref", "last_restored", "manifest_rel", "manifests", "record_restore",
+__all__ = ["FileRef", "age_s", "aware", "file_ref", "last_restored", "manifest_rel", "manifests", "record_restore",
            "restored_rel", "set_tags", "stored_bytes", "tier_of", "tier_rel"]
 
 
+def aware(moment: datetime) -> datetime:
+    """`moment` with a time zone: a naive time (an untrusted manifest or restore record) is UTC."""
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+
+
 def age_s(manifest: dict, restored: datetime | None, now: datetime) -> float:
-    """Seconds since the checkpoint was saved or, if later, last restored."""
-    created = datetime.fromisoformat(manifest["created_at"])
-    if restored and restored > created:
-        created = restored
-    return (now - created).total_seconds()
+    """Seconds since the checkpoint was saved or, if later, last restored (naive times read as UTC)."""
+    created = aware(datetime.fromisoformat(manifest["created_at"]))
+    if restored and aware(restored) > created:
+        created = aware(restored)
+    return (aware(now) - created).total_seconds()

@@ -17,7 +17,9 @@ from contextlib import contextmanager
 
 from seedance_tasks import journal as journals
 from seedance_tasks import lease, storage
+from seedance_tasks.checkpoint import catalog
 from seedance_tasks.checkpoint.manifest import trusted_roots
+from seedance_tasks.errors import UsageError
 from seedance_tasks.lifecycle.settings import TIERS, LifecycleSettings
 from seedance_tasks.storage import Location
 
@@ -30,6 +32,23 @@ def roots(store: Location, settings: LifecycleSettings) -> list[str]:
     """The trusted roots of `store`'s data files: the store, the configured archive locations and
     the tier locations of `settings` (the first is the store)."""
     return trusted_roots(store.uri, [settings.tiers.spec(tier).uri for tier in TIERS])
+
+
+def run_names(store: Location, runs: list[str] | None) -> list[str]:
+    """The runs a pass works on: `runs` checked, each once, in the order given; default every run.
+
+    UsageError naming a run the store does not hold (a misspelt --run would do nothing, silently).
+    """
+    known = catalog.runs(store)
+    if not runs:
+        return known
+    names = list(dict.fromkeys(catalog.check_run_name(run) for run in runs))
+    missing = [name for name in names if name not in known]
+    if missing:
+        listed = ", ".join(known[:20]) + (f" (and {len(known) - 20} more)" if len(known) > 20 else "")
+        raise UsageError(f"no run {missing[0]!r} in checkpoint store {store.uri}",
+                         hint=f"runs there: {listed or '(none)'}; `seedance ckpt ls --store {store.uri}` lists them")
+    return names
 
 
 def prefix(kind: str, run: str) -> str:

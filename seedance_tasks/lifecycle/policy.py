@@ -6,10 +6,13 @@ kept step carries its reasons (`last`, `every`, `best`, `tagged`, `young`, `base
 
 from __future__ import annotations
 
+import heapq
+import math
 from datetime import UTC, datetime
 from typing import Any
 
 from seedance_tasks.errors import UsageError
+from seedance_tasks.lifecycle import inventory
 from seedance_tasks.lifecycle.settings import LifecycleSettings, RetentionPolicy
 
 
@@ -38,8 +41,9 @@ def policy_with(settings: LifecycleSettings, run: str, **overrides: Any) -> Rete
 def select(manifests: list[dict], policy: RetentionPolicy, now: datetime | None = None) -> dict[int, list[str]]:
     """{step: reasons} of the steps `policy` keeps among `manifests` (one run), bases included.
 
-    A step kept only because a kept delta needs it has the reason `base of <step>`. Steps not in
-    the result are garbage. Checkpoints without the metric are never among the best.
+    A step kept only because a kept delta needs it has the reason `base of <step>`; the chains of
+    those bases are kept too. Steps not in the result are garbage. Checkpoints without a finite
+    numeric metric (`metric_value`) are never among the best; equal values rank the later step first.
     """
     now = now or datetime.now(UTC)
     by_step = {int(m["step"]): m for m in manifests}
@@ -56,11 +60,8 @@ def select(manifests: list[dict], policy: RetentionPolicy, now: datetime | None 
             if step % policy.keep_every == 0:
                 add(step, "every")
     if policy.keep_best and policy.metric:
-        scored = [
-            (float(by_step[s]["metrics"][policy.metric]), s)
-            for s in steps
-            if isinstance((by_step[s].get("metrics") or {}).get(policy.metric), int | float)
-        ]
+        scored = [(score, s) for s in steps
+                  if (score := metric_value(by_step[s], policy.metric)) is not None]
         scored.sort(key=lambda item: (item[0] if policy.metric_mode == "min" else -item[0], -item[1]))
         for _value, step in scored[: policy.keep_best]:
             add(step, "best")
@@ -68,15 +69,41 @@ def select(manifests: list[dict], policy: RetentionPolicy, now: datetime | None 
         manifest = by_step[step]
         if policy.keep_tagged and manifest.get("tags"):
             add(step, "tagged")
-        if policy.min_age:
-            created = datetime.fromisoformat(manifest["created_at"])
-            if (now - created).total_seconds() < policy.min_age:
-                add(step, "young")
-    for step in sorted(keep):
-        for base in by_step[step].get("chain") or []:
-            if int(base) not in keep or not any(r.startswith("base of") for r in keep[int(base)]):
-                add(int(base), f"base of {step}")
+        if policy.min_age and inventory.age_s(manifest, None, now) < policy.min_age:
+            add(step, "young")
+    return with_bases(manifests, keep)
+
+
+def with_bases(manifests: list[dict], keep: dict[int, list[str]]) -> dict[int, list[str]]:
+    """`keep` ({step: reasons}, not changed) plus every step in the chain of a kept step and in the
+    chains of those (an unsealed manifest's chain may stop short of its base's, and a restore
+    follows every base link), each with the reason `base of <step>` once; by step."""
+    by_step = {int(m["step"]): m for m in manifests}
+    keep = {step: list(reasons) for step, reasons in keep.items()}
+    pending = sorted(keep)
+    heapq.heapify(pending)
+    while pending:
+        step = heapq.heappop(pending)
+        for base in (by_step[step].get("chain") or []) if step in by_step else []:
+            base = int(base)
+            if base not in keep:
+                heapq.heappush(pending, base)
+            if not any(r.startswith("base of") for r in keep.get(base, [])):
+                keep.setdefault(base, []).append(f"base of {step}")
     return {step: keep[step] for step in sorted(keep)}
+
+
+def metric_value(manifest: dict, metric: str) -> float | None:
+    """`metric` of the checkpoint as a number to rank by, or None where it cannot rank: missing,
+    not a number (a bool, a string), NaN, infinite or too large for a float."""
+    value = (manifest.get("metrics") or {}).get(metric)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
 
 
 def missing_bases(manifests: list[dict], kept: dict[int, list[str]]) -> dict[int, list[int]]:

@@ -112,6 +112,9 @@ class LifecycleSettings(StrictModel):
             except ValidationError as exc:
                 problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'policy'}: {e['msg']}" for e in exc.errors())
                 raise ValueError(f"runs.{run}: {problems}") from None
+        for key, price in self.prices.items():
+            if price < 0:
+                raise ValueError(f"prices.{key} is {price}: a price is USD per GB-month, 0 or more")
         for tier in TIERS:
             key = self.tiers.spec(tier).price_key()
             if key not in self.prices:

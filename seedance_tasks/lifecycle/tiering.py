@@ -33,7 +33,7 @@ from seedance_tasks import faults, storage
 from seedance_tasks import journal as journals
 from seedance_tasks.checkpoint import catalog
 from seedance_tasks.checkpoint.manifest import FileRef, normal_root, step_dir
-from seedance_tasks.errors import IntegrityError, RefusedError
+from seedance_tasks.errors import IntegrityError, RefusedError, UsageError
 from seedance_tasks.lifecycle import costs, inventory, journaled
 from seedance_tasks.lifecycle.settings import ARCHIVE_CLASSES, TIERS, LifecycleSettings, TieringSettings
 from seedance_tasks.storage import Location
@@ -52,6 +52,23 @@ def desired_tier(age_s: float, tiers: TieringSettings) -> str:
 
 def _rank(tier: str) -> int:
     return TIERS.index(tier) if tier in TIERS else 0
+
+
+def check_locations(store: Location, tiers: TieringSettings) -> None:
+    """Refuse (UsageError naming the key) a tier location that is the store or inside it: files
+    tiered there would be named as the retired files next to the manifest, or land among its runs."""
+    def real(location: Location) -> str:
+        return location.uri.rstrip("/") if location.is_s3 else os.path.realpath(location.uri)
+
+    inside = real(store)
+    for name in ("warm", "cold"):  # what tiering writes to (hot is the store)
+        uri = tiers.spec(name).uri
+        where = real(storage.resolve(uri)) if uri else None
+        if where and (where == inside or where.startswith(inside + "/")):
+            raise UsageError(
+                f"lifecycle.tiers.{name}.uri {uri!r} is {'the store' if where == inside else 'inside the store'} "
+                f"{store.uri}: tiering there would break its checkpoints",
+                hint=f"give tier {name} a folder or s3:// prefix outside the store (e.g. a sibling of it)")
 
 
 # --------------------------------------------------------------------------- copy + verify
@@ -381,8 +398,9 @@ def tier(
 ) -> dict:
     """Move every checkpoint of `runs` (default: all) that is due to a colder tier; dry run unless `apply`.
 
-    Returns {"store", "applied", "moves": [...], "bytes_moved", "cost": {"before", "after",
-    "saving"}, "recovered", "skipped"}. With `apply`, each run is tiered under its lease, held as
+    Returns {"store", "applied", "moves": [...], "moved", "bytes_moved", "cost": {"before", "after",
+    "saving"}, "recovered", "skipped"}: `moves`, `moved` and `bytes_moved` are what was moved (a dry
+    run: what would be); a checkpoint due but left where it is, with why, is in `skipped`. With `apply`, each run is tiered under its lease, held as
     `holder` (default: this call's run id); LeaseHeldError if another holds it.
     `on_progress(done, total)` is called as runs are done.
     """
@@ -391,8 +409,9 @@ def tier(
 
     settings = settings or load_lifecycle_settings()
     store = catalog.existing_store(store_uri)
+    check_locations(store, settings.tiers)
     now = now or datetime.now(UTC)
-    names = [catalog.check_run_name(run) for run in runs] if runs else catalog.runs(store)
+    names = journaled.run_names(store, runs)
     usable = [name for name in TIERS if name == "hot" or settings.tiers.spec(name).uri or store.is_s3]
     notes = [
         f"tier {name} has no location and a local store has no storage classes: set lifecycle.tiers.{name}.uri"
@@ -401,33 +420,33 @@ def tier(
     roots = journaled.roots(store, settings)
     trash_id = trash_id or storage.new_run_id()  # real time: purge dates trash by it
     holder = holder or f"tier-{trash_id}"
-    found, moves, done, skipped, recovered, after_manifests, damaged = [], [], [], [], [], [], []
+    moves, done, skipped, recovered, damaged = [], [], [], [], []
+    before, after = costs.Tally(settings), costs.Tally(settings)  # one run's manifests in memory at a time
     for index, run in enumerate(names):
         if on_progress:
             on_progress(index, len(names))
         if not apply:
             run_found, run_moves = plan(store, [run], settings, now, usable, roots, damaged)
-            found.extend(run_found)
-            moves.extend(run_moves)
             planned = {m["step"]: m["to"] for m in run_moves}
-            after_manifests.extend(_moved(m, planned[m["step"]], settings) if m["step"] in planned else m
-                                   for m in run_found)
+            after.add(_moved(m, planned[m["step"]], settings) if m["step"] in planned else m for m in run_found)
+            for move in run_moves:
+                move.pop("_manifest")
+            moves.extend(run_moves)
+            before.add(run_found)
             continue
         with journaled.run_lease(store, run, holder, "checkpoint tiering") as held:
             recovered.extend(recover_run(store, run, roots))
             run_found, run_moves = plan(store, [run], settings, now, usable, roots, damaged)
-            found.extend(run_found)
-            moves.extend(run_moves)
+            before.add(run_found)
             for move in run_moves:
-                result = move_checkpoint(store, move["_manifest"], move["to"], settings, trash_id, roots, held)
+                result = move_checkpoint(store, move.pop("_manifest"), move["to"], settings, trash_id, roots, held)
                 (done if result["action"] == "moved" else skipped).append({**result, "from": move["from"]})
-            after_manifests.extend(catalog.read_run(store, run, roots)[0])
+                if result["action"] == "moved":
+                    moves.append(move)
+            after.add(catalog.read_run(store, run, roots)[0])
     if on_progress:
         on_progress(len(names), len(names))
-    before = costs.report(found, settings)
-    after = costs.report(after_manifests, settings)
-    for move in moves:
-        move.pop("_manifest")
+    before, after = before.report(), after.report()
     return {
         "store": store.uri,
         "applied": apply,

@@ -36,6 +36,29 @@ def test_dry_run_changes_nothing(tmp_path):
     assert snapshot(store) == before
 
 
+def test_a_run_named_twice_is_counted_once(tmp_path):
+    store = tmp_path / "s"
+    make_store(store, steps=range(0, 50, 10), keyframe_every=1)
+    once, twice = ({"gc": gc.collect(str(store), names, keep_last=1, keep_every=1000),
+                    "tier": tiering.tier(str(store), names, now=datetime.now(UTC) + timedelta(days=2))}
+                   for names in (["r"], ["r", "r"]))
+    assert twice["gc"]["checkpoints_deleted"] == once["gc"]["checkpoints_deleted"] == 3
+    assert [p["run"] for p in twice["gc"]["runs"]] == ["r"]
+    assert twice["gc"]["cost"] == once["gc"]["cost"] and twice["tier"]["cost"] == once["tier"]["cost"]
+
+
+def test_a_run_the_store_does_not_hold_is_an_error_naming_the_runs(tmp_path):
+    store = tmp_path / "s"
+    make_store(store, steps=[0, 10], keyframe_every=1)
+    before = snapshot(store)
+    for command in (["gc", "--apply"], ["tier", "--apply"]):
+        result = CliRunner().invoke(app, ["ckpt", *command, "--store", str(store), "--run", "rr"])
+        assert result.exit_code == 2, result.output
+        said = " ".join(result.output.split())
+        assert "error: no run 'rr' in checkpoint store" in said and "hint: runs there: r;" in said
+    assert snapshot(store) == before
+
+
 def test_apply_removes_garbage_keeps_policy_and_chains_restorable(tmp_path):
     store = tmp_path / "s"
     losses = {s: 5.0 - s / 100 if s != 30 else 0.1 for s in range(0, 120, 10)}
@@ -93,6 +116,47 @@ def test_gc_of_tiered_checkpoints_trashes_files_in_their_tier(tmp_path, lifecycl
     trash = list((warm / "_seedance" / "trash").rglob("*.bin"))
     assert len(trash) == sum(1 for _ in result["runs"][0]["delete"])
     assert not journaled.pending(storage.resolve(store), journaled.GC_KIND)
+
+
+def test_checkpoints_on_a_missing_tier_location_are_left_alone(tmp_path, lifecycle_settings, trust_tiers):
+    """An unmounted warm volume: GC neither drops the manifests (its files would be orphans once
+    it is back) nor reports bytes freed that it never found; once it is back, GC collects them."""
+    store, warm = tmp_path / "s", tmp_path / "warm"
+    trust_tiers(warm, tmp_path / "cold")
+    make_store(store, steps=range(0, 40, 10), keyframe_every=1)
+    settings = lifecycle_settings.model_copy(deep=True)
+    settings.tiers.keep_latest_hot = False
+    settings.tiers.warm.uri, settings.tiers.cold.uri = str(warm), str(tmp_path / "cold")
+    assert tiering.tier(str(store), settings=settings, apply=True, now=datetime.now(UTC) + timedelta(hours=2))["moved"] == 4
+    warm.rename(tmp_path / "unmounted")
+    result = gc.collect(str(store), settings=settings, apply=True, keep_last=1, keep_every=None)
+    assert (result["checkpoints_deleted"], result["bytes_freed"]) == (0, 0)
+    refused = result["runs"][0]["refused"]
+    assert [item["step"] for item in refused] == [10, 20] and str(warm) in refused[0]["reason"]  # 0: every 100th
+    assert checkpoint_steps(store) == [0, 10, 20, 30]
+    out = CliRunner().invoke(app, ["ckpt", "gc", "--store", str(store), "--keep-last", "1", "--keep-every", "1000"])
+    said = " ".join(out.output.split())
+    assert "left alone r/step-10" in said and "does not exist (unmounted, or deleted?)" in said
+    (tmp_path / "unmounted").rename(warm)
+    again = gc.collect(str(store), settings=settings, apply=True, keep_last=1, keep_every=None)
+    assert again["checkpoints_deleted"] == 2 and checkpoint_steps(store) == [0, 30]
+    assert len(list((warm / "_seedance" / "trash").rglob("*.bin"))) == 2
+
+
+def test_keep_best_by_a_metric_no_checkpoint_records_leaves_the_run_alone(tmp_path):
+    """A misspelt --metric ranks nothing: GC would collect the very checkpoints keep_best protects."""
+    store = tmp_path / "s"
+    losses = {0: 5.0, 10: 4.0, 20: 1.0, 30: 3.0, 40: 2.0}
+    make_store(store, steps=losses, keyframe_every=1, metrics={s: {"val_loss": v} for s, v in losses.items()})
+    options = ["ckpt", "gc", "--store", str(store), "--keep-last", "1", "--keep-every", "1000", "--keep-best", "1"]
+    typo = CliRunner().invoke(app, [*options, "--metric", "val_los", "--apply"])
+    assert typo.exit_code == 0, typo.output
+    said = " ".join(typo.output.split())
+    assert "deleted 0 checkpoint(s)" in said and "run r left alone: no checkpoint records metric 'val_los'" in said
+    assert checkpoint_steps(store) == [0, 10, 20, 30, 40]
+    right = CliRunner().invoke(app, [*options, "--metric", "val_loss", "--apply", "--json"])
+    assert json.loads(right.output)["runs"][0]["left_alone"] is None
+    assert checkpoint_steps(store) == [0, 20, 40]  # every 1000th, the best, the last
 
 
 def test_save_after_gc_starts_a_new_keyframe_group(tmp_path):

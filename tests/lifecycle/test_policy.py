@@ -49,6 +49,33 @@ def test_keep_best_k_by_metric_lower_or_higher_is_better():
     assert [s for s, why in worst.items() if "best" in why] == [0, 50]
 
 
+@pytest.mark.parametrize("mode", ["min", "max"])
+def test_best_ignores_metrics_that_cannot_rank(mode):
+    """NaN, infinities, bools, strings and ints too large for a float never push a real best out."""
+    odd = {1: float("nan"), 2: float("inf"), 3: float("-inf"), 4: True, 5: "0.1", 6: 10**400, 7: None}
+    real = {0: 5.0, 10: 1.0, 20: 3.0, 30: 2.0}
+    found = [manifest(s, metrics={"val_loss": v}) for s, v in {**odd, **real}.items()] + [manifest(99)]
+    found.sort(key=lambda m: m["step"])
+    kept = policy.select(found, rules(keep_best=2, metric="val_loss", metric_mode=mode), NOW)
+    assert [s for s, why in kept.items() if "best" in why] == ([10, 30] if mode == "min" else [0, 20])
+
+
+def test_equal_metrics_keep_the_latest_steps():
+    found = [manifest(s, metrics={"val_loss": 1.0}) for s in range(0, 50, 10)]
+    kept = policy.select(found, rules(keep_best=2, metric="val_loss"), NOW)
+    assert [s for s, why in kept.items() if "best" in why] == [30, 40]
+
+
+def test_naive_created_at_is_read_as_utc():
+    """An edited manifest's time without a zone neither crashes GC nor tiering's age."""
+    from seedance_tasks.lifecycle import inventory
+
+    young = manifest(0, age_s=60)
+    young["created_at"] = young["created_at"].removesuffix("+00:00")
+    assert policy.select([young, manifest(10)], rules(min_age=3600), NOW) == {0: ["young"], 10: ["last"]}
+    assert inventory.age_s(young, (NOW - timedelta(hours=1)).replace(tzinfo=None), NOW) == 60
+
+
 def test_keep_tagged_and_young():
     found = [manifest(0, tags=["release"]), manifest(10), manifest(20, age_s=60), manifest(30)]
     kept = policy.select(found, rules(keep_tagged=True, min_age=3600), NOW)
@@ -63,6 +90,15 @@ def test_bases_of_kept_deltas_are_kept():
     assert set(kept) == {0, 20, 30, 40, 50}
     assert kept[20] == ["base of 30"] and kept[40] == ["base of 50"]
     assert "every" in kept[0] and any(r.startswith("base of") for r in kept[0])
+
+
+def test_bases_of_bases_are_kept_when_a_chain_stops_short():
+    """An unsealed manifest whose chain names only its base: the base's own chain is kept too."""
+    found = [manifest(0), manifest(10, chain=[0]), manifest(20, chain=[10, 0]), manifest(30, chain=[20]),
+             manifest(40)]
+    kept = policy.select(found, rules(keep_last=1, keep_every=30), NOW)
+    assert set(kept) == {0, 10, 20, 30, 40}
+    assert kept[10] == ["base of 20"] and kept[20] == ["base of 30"]
 
 
 def test_store_policy_keeps_chains_restorable_end_to_end(tmp_path):

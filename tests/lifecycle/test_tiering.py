@@ -5,11 +5,13 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime, timedelta
 
+import pytest
 from typer.testing import CliRunner
 
 from seedance_tasks import storage
 from seedance_tasks.checkpoint.store import list_checkpoints, read_manifest
 from seedance_tasks.cli import app
+from seedance_tasks.errors import UsageError
 from seedance_tasks.lifecycle import gc, inventory, tiering
 
 from .conftest import assert_restorable, make_store
@@ -147,6 +149,23 @@ def test_latest_checkpoint_of_each_run_stays_hot(tmp_path, lifecycle_settings, t
     assert settings.tiers.keep_latest_hot  # the default
     tiering.tier(str(store), settings=settings, now=datetime.now(UTC) + timedelta(days=2), apply=True)
     assert {r["step"]: r["tier"] for r in list_checkpoints(str(store))} == {0: "cold", 10: "cold", 20: "hot"}
+
+
+@pytest.mark.parametrize("where", ["store", "store/", "store/warm", "alias"])
+def test_a_tier_location_that_is_the_store_or_inside_it_is_refused(tmp_path, lifecycle_settings, where):
+    """Tiering into the store itself used to point the manifest at the retired sources."""
+    store = tmp_path / "store"
+    digests = make_store(store, steps=[0, 10], keyframe_every=1)
+    (tmp_path / "alias").symlink_to(store)
+    settings = lifecycle_settings.model_copy(deep=True)
+    settings.tiers.keep_latest_hot = False
+    settings.tiers.warm.uri = str(tmp_path / where)
+    before = sorted(p for p in store.rglob("*") if "_seedance" not in p.parts)
+    with pytest.raises(UsageError, match="lifecycle.tiers.warm.uri") as refused:
+        tiering.tier(str(store), settings=settings, apply=True, now=datetime.now(UTC) + timedelta(hours=2))
+    assert "outside the store" in refused.value.hint
+    assert sorted(p for p in store.rglob("*") if "_seedance" not in p.parts) == before
+    assert_restorable(store, "r", digests)
 
 
 def test_local_store_without_tier_locations_moves_nothing_and_says_why(tmp_path):

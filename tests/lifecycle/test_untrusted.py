@@ -197,6 +197,55 @@ def test_a_data_file_symlinked_out_of_the_store_is_not_tiered(tmp_path, victim, 
     assert victim.is_file() and data.is_symlink()
 
 
+def test_the_bases_of_a_checkpoint_left_alone_stay(tmp_path, victim):
+    """GC leaves a symlinked delta alone; collecting its base would make it unrestorable for good."""
+    store = tmp_path / "s"
+    digests = make_store(store, steps=range(1, 80, 10), keyframe_every=4)
+    chains = {m["step"]: m["chain"] for m in catalog.read_run(storage.resolve(store), "r")[0]}
+    assert chains[21] == [1]
+    name = sorted(catalog.read_manifest(storage.resolve(store), "r", 21)["files"])[0]
+    data = store / "r" / "step-21" / name
+    victim.write_bytes(data.read_bytes())
+    data.unlink()
+    data.symlink_to(victim)
+    result = gc.collect(str(store), ["r"], apply=True, keep_last=1, keep_every=1000)
+    plan = result["runs"][0]
+    assert [item["step"] for item in plan["refused"]] == [21]
+    kept = {item["step"]: item["reasons"] for item in plan["kept"]}
+    assert kept[1] == ["base of 21"] and kept[21] == ["left alone"]
+    assert catalog.committed_steps(storage.resolve(store), "r") == [1, 21, 41, 61, 71]
+    data.unlink()
+    data.write_bytes(victim.read_bytes())  # the link replaced by the file: 21 restores bit-exact
+    assert_restorable(store, "r", {21: digests[21]})
+
+
+def test_tier_report_counts_only_what_moved(tmp_path, victim, trust_tiers, lifecycle_settings):
+    """A checkpoint skipped (symlinked file) is in `skipped`, not in the moves, count or bytes."""
+    from datetime import UTC, datetime, timedelta
+
+    from seedance_tasks.lifecycle import inventory, tiering
+
+    store = tmp_path / "s"
+    trust_tiers(tmp_path / "warm", tmp_path / "cold")
+    make_store(store, steps=[0, 10, 20], keyframe_every=1)
+    name = sorted(catalog.read_manifest(storage.resolve(store), "r", 0)["files"])[0]
+    data = store / "r" / "step-0" / name
+    victim.write_bytes(data.read_bytes())
+    data.unlink()
+    data.symlink_to(victim)
+    settings = lifecycle_settings.model_copy(deep=True)
+    settings.tiers.keep_latest_hot = False
+    settings.tiers.warm.uri, settings.tiers.cold.uri = str(tmp_path / "warm"), str(tmp_path / "cold")
+    later = datetime.now(UTC) + timedelta(hours=2)
+    result = tiering.tier(str(store), settings=settings, apply=True, now=later)
+    moved = [m for m in inventory.manifests(storage.resolve(store), "r") if inventory.tier_of(m) == "warm"]
+    assert [m["step"] for m in moved] == [10, 20] and [item["step"] for item in result["skipped"]] == [0]
+    assert [m["step"] for m in result["moves"]] == [10, 20] and result["moved"] == 2
+    assert result["bytes_moved"] == sum(inventory.stored_bytes(m) for m in moved)
+    again = tiering.tier(str(store), settings=settings, apply=True, now=later)
+    assert (again["moves"], again["moved"], again["bytes_moved"]) == ([], 0, 0) and len(again["skipped"]) == 1
+
+
 def test_a_second_gc_or_tier_refuses_naming_the_holder(tmp_path):
     store = tmp_path / "s"
     make_store(store, steps=[0, 10, 20], keyframe_every=1)
