@@ -605,10 +605,50 @@ def _csv_head(fs, path: str, source: str) -> tuple[list[str], str]:
     return focus_names([name.strip() for name in header]), delimiter
 
 
+OTHER_EXPORTS: list[tuple[str, tuple[frozenset[str], ...], str]] = [
+    ("an AWS CUR 2.0 export", (frozenset({"line_item_unblended_cost", "line_item_usage_start_date"}),),
+     "pass it with --format cur (Seedance reads CUR 2.0 as Parquet: for a CSV export, set its file format to "
+     "Parquet in AWS Data Exports), or create a FOCUS export there and pass that"),
+    ("a legacy AWS Cost and Usage Report (CUR 1)",
+     (frozenset({"lineitem/unblendedcost", "lineitem/usagestartdate"}), frozenset({"identity/lineitemid"})),
+     "create a CUR 2.0 export as Parquet in AWS Data Exports and pass it with --format cur, or create a FOCUS "
+     "export there and pass that"),
+    ("an Azure cost details (EA/MCA usage) export",
+     (frozenset({"metercategory", "date", "costinbillingcurrency"}), frozenset({"metercategory", "date", "cost"}),
+      frozenset({"metercategory", "usagedatetime", "pretaxcost"})),
+     "in Azure Cost Management create an export of the 'Cost and usage details (FOCUS)' type and pass its files"),
+    ("a Google Cloud billing export (BigQuery)",
+     (frozenset({"usage_start_time", "cost", "billing_account_id"}), frozenset({"usage_start_time", "cost", "sku"}),
+      frozenset({"usage_start_time", "cost", "sku.description"})),
+     "query the billing export through Google Cloud's FOCUS view in BigQuery and export that result as CSV or "
+     "Parquet"),
+    ("an Oracle Cloud (OCI) cost report",
+     (frozenset({"lineitem/intervalusagestart", "cost/mycost"}),),
+     "pass OCI's FOCUS reports instead (the FOCUS Reports folder of the usage-report bucket)"),
+]
+"""Billing exports that are not FOCUS, each as (what it is, column sets of which one identifies it
+(names compared case-folded), what to do instead)."""
+
+
+def refuse_other_export(source: str, names: list[str]) -> None:
+    """InputError naming `source` and what it is when its column `names` lack ChargePeriodStart and
+    identify one of OTHER_EXPORTS (a provider's own schema), with what to pass instead; else nothing."""
+    if "ChargePeriodStart" in names:
+        return
+    folded = {name.casefold() for name in names}
+    for kind, signatures, hint in OTHER_EXPORTS:
+        signature = next((each for each in signatures if each <= folded), None)
+        if signature is not None:
+            shown = ", ".join(name for name in names if name.casefold() in signature)
+            raise InputError(f"{source}: this looks like {kind}, not a FOCUS file: it has {shown} and no "
+                             "ChargePeriodStart column", hint=hint)
+
+
 def _csv_batches(fs, path: str, source: str, batch_rows: int, columns: list[str]) -> Iterator[dict[str, pa.Array]]:
     import pyarrow.csv as pacsv
 
     header, delimiter = _csv_head(fs, path, source)
+    refuse_other_export(source, header)
     wanted = _wanted(source, header, columns)
     if not wanted:
         return
@@ -744,6 +784,7 @@ def _parquet_batches(fs, path: str, source: str, batch_rows: int, columns: list[
         schema = pa.schema([field.with_name(name) for field, name in zip(stored, focus_names(stored.names),
                                                                          strict=True)])
         in_file = dict(zip(schema.names, stored.names, strict=True))  # FOCUS spelling -> the file's
+        refuse_other_export(source, schema.names)
         wanted = _wanted(source, schema.names, columns)
         if not wanted:
             return

@@ -28,7 +28,7 @@ from typing import Literal
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from seedance_tasks.config import StrictModel
+from seedance_tasks.config import StrictModel, load_yaml
 from seedance_tasks.cost.ingest import CURRENCY_RE
 from seedance_tasks.cost.workdays import MONTH_PATTERN
 from seedance_tasks.errors import YAML_HINT, ConfigError, yaml_problem
@@ -205,11 +205,14 @@ def load_owners(uri: str) -> OwnersFile:
 
     location = storage.resolve(uri)
     try:
-        text = storage.read_bytes(location.fs, location.path).decode()
+        text = storage.read_bytes(location.fs, location.path).decode("utf-8")
     except (FileNotFoundError, OSError) as exc:
         raise ConfigError(f"owners file not readable: {uri} ({exc})", hint="pass --owners FILE") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"owners file {uri} is not UTF-8 text (byte {exc.start} cannot be decoded)",
+                          hint="save it as UTF-8 YAML; see config/owners.yaml for the format") from None
     try:
-        data = yaml.safe_load(text)
+        data = load_yaml(text)
     except yaml.YAMLError as exc:
         raise ConfigError(f"owners file {uri} is not valid YAML: {yaml_problem(exc)}", hint=YAML_HINT) from None
     if not isinstance(data, dict):

@@ -18,6 +18,7 @@ import hashlib
 import os
 import posixpath
 import re
+import unicodedata
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
@@ -241,6 +242,7 @@ def ingest_stage(data: dict[str, Any]) -> dict[str, Any]:
     carry = (carried_columns(job.billing, reserved=ALLOCATED_NAMES) if job.format == "focus"
              else list(cur_focus.CARRY) if job.format == "cur" else [])
     files = LineFiles()  # which file each staged line comes from: a few bytes per file, no column per line
+    other_months: dict[str, int] = {}  # valid lines dated outside the month, by their month
     with _parquet_output(root, job.work_path("lines.parquet"), lines_schema(carry), intermediate=True) as writer:
         rounded = 0
         for batch, bad in _batches(job, settings, info, carry):
@@ -253,10 +255,14 @@ def ingest_stage(data: dict[str, Any]) -> dict[str, Any]:
                         rejected.append({key: item[key] for key in ("file", "row", "column", "reason")})
             kept = in_month(batch, start, end)
             info["rows_in_month"] += len(kept)
+            if len(kept) < len(batch):
+                for month, count in line_months(batch).items():
+                    if month != job.month:
+                        other_months[month] = other_months.get(month, 0) + count
             if len(kept):
                 writer.write_batch(kept)
                 files.add(source_of(kept) or job.billing, len(kept))
-    info.update(rejected=rejected, rejected_count=rejected_count, rounded_amounts=rounded,
+    info.update(rejected=rejected, rejected_count=rejected_count, rounded_amounts=rounded, other_months=other_months,
                 warnings=_skipped_warning(job) + _rounded_warning(job, rounded), files=files.to_json())
     storage.write_json_atomic(root.fs, job.work_path("ingest.json"), info)
     result = {"rows_read": info["rows_read"], "rows_in_month": info["rows_in_month"], "rejected": rejected_count}
@@ -371,27 +377,46 @@ def rules_stage(data: dict[str, Any], *, tagger=None) -> dict[str, Any]:
     return {"idle": len(idle), "over_budget": [item["owner"] for item in budgets], "actions": actions}
 
 
+_KEPT_PUNCTUATION = frozenset("._@-")
+
+
 def _safe(owner: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._@-]+", "_", owner).lstrip("._") or "owner"
+    """`owner` (NFC) as a file name's part: Unicode letters, marks and digits and `._@-` kept, any
+    other run (separators, spaces, control and format characters) as one `_`, no leading dot."""
+    kept = "".join(char if char in _KEPT_PUNCTUATION or unicodedata.category(char)[0] in "LMN" else "\0"
+                   for char in unicodedata.normalize("NFC", owner))
+    return re.sub("\0+", "_", kept).lstrip("._") or "owner"
 
 
-NAME_CHARS = 100
-"""The most characters of an owner's name a statement's file name keeps (a file name has at most
+NAME_BYTES = 100
+"""The most UTF-8 bytes of an owner's name a statement's file name keeps (a file name has at most
 255 bytes, its temporary sibling's some more)."""
 
 
+def _cut(text: str, limit: int) -> str:
+    """The longest start of `text` whose UTF-8 form has at most `limit` bytes."""
+    return text.encode()[:limit].decode(errors="ignore")
+
+
+def name_key(name: str) -> str:
+    """`name` as a file system that ignores case and Unicode normalisation compares it."""
+    return unicodedata.normalize("NFC", name.casefold())
+
+
 def statement_name(owner: str | None, taken: set[str]) -> str:
-    """The file name of `owner`'s statement, none of `taken` (names already given, casefolded):
-    `unallocated.csv` for None, else `owner=<name>.csv` with the characters a file name cannot hold
-    as `_` and a name longer than NAME_CHARS cut, each with a hash of the whole name added, so no two
-    owners share a file, not even where file names ignore case (macOS, Windows: `Alpha`, `alpha`)."""
+    """The file name of `owner`'s statement, none of `taken` (names already given, as `name_key`s):
+    `unallocated.csv` for None, else `owner=<name>.csv` with the name as `_safe` writes it and cut
+    past NAME_BYTES, each with a hash of the whole name added, so no two owners share a file, not
+    even where file names ignore case (macOS, Windows: `Alpha`, `alpha`) or normalise Unicode."""
     if owner is None:
         return "unallocated.csv"
-    safe, digest = _safe(owner), hashlib.sha256(owner.encode()).hexdigest()[:8]
-    if len(safe) > NAME_CHARS:
-        safe = f"{safe[:NAME_CHARS]}-{digest}"
-    name = f"owner={safe}.csv"
-    return name if name.casefold() not in taken else f"owner={safe}-{digest}.csv"
+    safe, digest = _safe(owner), hashlib.sha256(owner.encode("utf-8", "surrogatepass")).hexdigest()
+    if len(safe.encode()) > NAME_BYTES:
+        safe = f"{_cut(safe, NAME_BYTES)}-{digest[:8]}"
+    name, size = f"owner={safe}.csv", 8
+    while name_key(name) in taken and size <= len(digest):
+        name, size = f"owner={safe}-{digest[:size]}.csv", size + 8
+    return name
 
 
 def _plain_keys(table: pa.Table, keys: list[str]) -> pa.Table:
@@ -436,7 +461,7 @@ def statements_stage(data: dict[str, Any]) -> dict[str, Any]:
     taken: set[str] = set()
     for owner, rows in per_owner.items():
         name = statement_name(owner, taken)
-        taken.add(name.casefold())
+        taken.add(name_key(name))
         storage.write_bytes_atomic(root.fs, job.work_path("out", "statements", name),
                                    statement(job.month, owner, job.basis, rows))
         written.append(name)
@@ -508,13 +533,32 @@ def _rounded_warning(job: Job, rounded: int) -> list[str]:
             f"half-even to {SCALE} (each changed by at most 5e-{SCALE + 1})"]
 
 
+def line_months(batch: pa.RecordBatch) -> dict[str, int]:
+    """How many lines of `batch` each month (`YYYY-MM`, by ChargePeriodStart in UTC) holds."""
+    column = batch.column("ChargePeriodStart").drop_null()
+    counts = pc.value_counts(pc.add(pc.multiply(pc.year(column), 100), pc.month(column)))
+    return {f"{key // 100:04d}-{key % 100:02d}": count
+            for key, count in zip(counts.field("values").to_pylist(), counts.field("counts").to_pylist(), strict=True)}
+
+
+SHOWN_MONTHS = 3
+"""How many of the months the lines were dated in an empty month's warning names."""
+
+
 def _empty_month_warning(job: Job, ingest: dict[str, Any]) -> list[str]:
-    """A warning when the month has no valid billing line at all (an empty report is rarely what was meant)."""
+    """A warning when the month has no valid billing line at all (an empty report is rarely what was
+    meant), naming the months the valid lines are dated in (the most lines first), if any."""
     if ingest["rows_in_month"]:
         return []
     rejected = f", {ingest['rejected_count']:,} of them rejected" if ingest["rejected_count"] else ""
+    found = sorted((ingest.get("other_months") or {}).items(), key=lambda item: (-item[1], item[0]))
+    dated = ""
+    if found:
+        shown = ", ".join(f"{month} ({count:,} line{'s' if count > 1 else ''})" for month, count in found[:SHOWN_MONTHS])
+        more = f" and {len(found) - SHOWN_MONTHS:,} more months" if len(found) > SHOWN_MONTHS else ""
+        dated = f"; its valid lines are dated {shown}{more}: was another month meant?"
     return [f"{EMPTY_MONTH} {job.month}: {ingest['rows_read']:,} rows read from {job.billing}{rejected}, "
-            f"none valid and dated in the month"]
+            f"none valid and dated in the month{dated}"]
 
 
 def _malformed_tags(job: Job, totals_json: dict[str, Any]) -> list[dict[str, Any]]:

@@ -15,6 +15,9 @@ from seedance_tasks.cost.actions_settings import CostActionsSettings
 from seedance_tasks.settings_base import StrictModel
 from seedance_tasks.units import Duration
 
+MAX_OVERBUDGET_PERCENT = 10_000
+"""The largest tolerance over budget (100 times the budget): more is a typo, not a policy."""
+
 
 class CostSettings(StrictModel):
     basis: Literal["EffectiveCost", "BilledCost"] = Field(
@@ -31,15 +34,18 @@ class CostSettings(StrictModel):
         False, description="a month without any valid billing line fails the run (nothing published); else a warning"
     )
     # technical rule: idle resources
-    idle_cpu_percent: Decimal = Field(Decimal("5"), description="idle if every daily CPU datapoint is below this")
-    idle_days: int = Field(7, gt=0, description="days of datapoints (ending at the month's end) the rule looks at")
+    idle_cpu_percent: Decimal = Field(
+        Decimal("5"), ge=0, le=100, description="idle if every daily CPU datapoint is below this")
+    idle_days: int = Field(7, gt=0, le=366, description="days of datapoints (ending at the month's end) the rule looks at")
     min_resource_age: Duration = Field(7 * 86400, description="resources younger than this are exempt")
-    gpu_busy_percent: Decimal = Field(Decimal("5"), description="a GPU node whose GPU reaches this is not idle")
+    gpu_busy_percent: Decimal = Field(
+        Decimal("5"), ge=0, le=100, description="a GPU node whose GPU reaches this is not idle")
     review_tag_key: str = "cost-review"
     review_tag_value: str = "pending"
     # financial rule: over budget
     overbudget_percent: Decimal = Field(
-        Decimal("20"), description="freeze next month's quota when spend exceeds budget by strictly more"
+        Decimal("20"), ge=0, le=MAX_OVERBUDGET_PERCENT,
+        description="freeze next month's quota when spend exceeds budget by strictly more"
     )
     # notifications
     notifier: str = Field(
@@ -51,7 +57,8 @@ class CostSettings(StrictModel):
         None, description="quota ledger, notification ledger, outbox, API cache; default OUT/_seedance/cost"
     )
     # Cost Explorer
-    cost_explorer_page_price: Decimal = Field(Decimal("0.01"), description="USD per GetCostAndUsage page")
+    cost_explorer_page_price: Decimal = Field(
+        Decimal("0.01"), ge=0, le=1000, description="USD per GetCostAndUsage page")
     cost_explorer_group_tag: str = Field("owner", description="tag key Cost Explorer results are grouped by")
     # the actions workflow (DAG seedance_cost_actions): calendar, deadlines, isolation
     actions: CostActionsSettings = Field(default_factory=CostActionsSettings)

@@ -255,3 +255,36 @@ def test_an_owners_file_that_cannot_mean_anything_is_refused_naming_the_key(tmp_
         load_owners(str(path))
     assert problem in caught.value.message and str(path) in caught.value.message, caught.value.message
     assert caught.value.hint
+
+
+@pytest.mark.parametrize("text, problem", [
+    ("owner_tags: [owner]\nowner_tags: [team]\n", "line 2, column 1: key 'owner_tags' is given twice (first on line 1)"),
+    ("owner_tags: [owner]\nrules:\n  - {id: r, owner: ml, match: {service: x}, valid_from: 2026-02-30}\n",
+     "line 3"),
+    ("a: &a [x, x, x, x, x, x, x, x, x, x]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a, *a]\n"
+     "c: &c [*b, *b, *b, *b, *b, *b, *b, *b, *b, *b]\nd: &d [*c, *c, *c, *c, *c, *c, *c, *c, *c, *c]\n"
+     "e: &e [*d, *d, *d, *d, *d, *d, *d, *d, *d, *d]\nowner_tags: [*e]\n", "alias bomb"),
+    ("owner_tags: !!python/object/apply:os.system [echo hi]\n", "python/object"),
+])
+def test_an_owners_file_is_read_with_the_hardened_yaml_loader(tmp_path, text, problem):
+    from seedance_tasks.cost.owners import load_owners
+    from seedance_tasks.errors import ConfigError
+
+    path = tmp_path / "owners.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as caught:
+        load_owners(str(path))
+    message = caught.value.message
+    assert f"owners file {path} is not valid YAML" in message and problem in message, message
+    assert caught.value.hint
+
+
+def test_an_owners_file_that_is_not_utf8_is_refused_naming_it(tmp_path):
+    from seedance_tasks.cost.owners import load_owners
+    from seedance_tasks.errors import ConfigError
+
+    path = tmp_path / "owners.yaml"
+    path.write_bytes(b"owner_tags: [own\xe9r]\n")
+    with pytest.raises(ConfigError, match="is not UTF-8 text") as caught:
+        load_owners(str(path))
+    assert str(path) in caught.value.message and caught.value.hint

@@ -217,7 +217,8 @@ def test_an_empty_month_warns_in_the_summary_and_the_cli(tmp_path):
                             out=str(tmp_path / "out"))["summary"]
     assert summary["lines"] == 0 and summary["currencies"] == {}
     assert summary["warnings"] == [f"no billing lines in 2024-09: 2 rows read from {billing}, 1 of them rejected, "
-                                   "none valid and dated in the month"]
+                                   "none valid and dated in the month; its valid lines are dated 2024-08 (1 line): "
+                                   "was another month meant?"]
     result = _cli(tmp_path, billing, "--json")
     assert result.exit_code == 0
     assert "warning: no billing lines in 2024-09" in result.stderr
@@ -225,6 +226,22 @@ def test_an_empty_month_warns_in_the_summary_and_the_cli(tmp_path):
     full = write_focus(tmp_path / "full.csv", [line("2024-09-01 00:00:00", "1")])
     assert recover_month(month="2024-09", billing=str(full), owners=str(owners),
                          out=str(tmp_path / "out2"))["summary"]["warnings"] == []
+
+
+def test_an_empty_month_warning_names_the_months_the_lines_are_dated_in(tmp_path, monkeypatch):
+    days = [("2024-08-03 00:00:00", 4), ("2024-10-31 23:59:59", 3), ("2023-09-01 00:00:00", 2),
+            ("2024-08-01T00:00:00+02:00", 1), ("2024-07-15 00:00:00", 1)]  # +02:00: 2024-07-31 22:00 UTC
+    billing = write_focus(tmp_path / "b.csv", [line(day, "1") for day, count in days for _ in range(count)])
+    owners = write_owners(tmp_path / "owners.yaml")
+    monkeypatch.setenv("SEEDANCE__COST__BATCH_ROWS", "2")  # months counted across batches
+    summary = recover_month(month="2024-09", billing=str(billing), owners=str(owners),
+                            out=str(tmp_path / "out"))["summary"]
+    assert summary["warnings"] == [f"no billing lines in 2024-09: 11 rows read from {billing}, none valid and dated "
+                                   "in the month; its valid lines are dated 2024-08 (4 lines), 2024-10 (3 lines), "
+                                   "2023-09 (2 lines) and 1 more months: was another month meant?"]
+    monkeypatch.setenv("SEEDANCE__COST__FAIL_ON_EMPTY_MONTH", "true")
+    result = _cli(tmp_path, billing)
+    assert result.exit_code == 1 and "dated 2024-08 (4 lines)" in result.output, result.output
 
 
 def test_an_empty_month_fails_before_publishing_when_config_says_so(tmp_path, monkeypatch):

@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from seedance_tasks.cli import app
-from tests.cost.helpers import line, write_focus, write_owners
+from tests.cost.helpers import DATA, line, write_focus, write_owners
 
 
 def _recover(tmp_path, billing, *extra, month="2024-09", owners=None):
@@ -236,3 +236,77 @@ def test_line_files_map_a_staged_line_to_its_file():
     assert files.to_json() == [["a.csv", 5], ["c.csv", 1]]
     assert [files.file_at(position) for position in range(7)] == ["a.csv"] * 5 + ["c.csv", None]
     assert LineFiles(files.to_json()).to_json() == files.to_json()
+
+
+@pytest.mark.parametrize("section, key, value", [
+    ({}, "overbudget_percent", "-5"),
+    ({}, "overbudget_percent", "1000000"),
+    ({}, "idle_cpu_percent", "-1"),
+    ({}, "idle_cpu_percent", "101"),
+    ({}, "gpu_busy_percent", "-0.5"),
+    ({}, "idle_days", 100000),
+    ({}, "cost_explorer_page_price", "-0.01"),
+    ({}, "cost_explorer_page_price", ".inf"),
+    ("actions", "reminders_after_hours", [24, -3]),
+    ("actions", "reminders_after_hours", [0]),
+    ("actions", "confirm_within_hours", 10**18),
+    ("actions", "isolate_within_hours", -1),
+    ("actions", "deduct_on_working_day", 400),
+    ("actions", "day_length", "30d"),
+])
+def test_a_cost_setting_out_of_its_range_is_refused_naming_the_key(tmp_path, section, key, value):
+    from seedance_tasks.config import load_section
+    from seedance_tasks.errors import ConfigError
+
+    setting = {key: value}
+    config = tmp_path / "seedance.yaml"
+    config.write_text(json.dumps({"cost": {section: setting} if section else setting}))
+    with pytest.raises(ConfigError) as caught:
+        load_section("cost", config, environ={})
+    name = f"'cost.{section}.{key}" if section else f"'cost.{key}'"
+    assert name in caught.value.message and str(config) in caught.value.message, caught.value.message
+    assert caught.value.hint
+
+
+def test_cost_settings_at_the_edges_of_their_ranges_are_accepted(tmp_path):
+    from seedance_tasks.config import load_section
+
+    config = tmp_path / "seedance.yaml"
+    config.write_text(json.dumps({"cost": {"overbudget_percent": "0", "idle_cpu_percent": "100",
+                                           "cost_explorer_page_price": "0",
+                                           "actions": {"isolate_within_hours": 0, "reminders_after_hours": [],
+                                                       "day_length": "10s"}}}))
+    settings = load_section("cost", config, environ={})
+    assert settings.overbudget_percent == 0 and settings.actions.reminders_after_hours == []
+
+
+AZURE_EA = DATA / "azure-ea" / "EA_ActualCost_Small.csv"
+
+
+@pytest.mark.parametrize("name, content, words", [
+    ("ea.csv", AZURE_EA.read_bytes(), ["an Azure cost details", "MeterCategory", "Cost and usage details (FOCUS)"]),
+    ("mca.csv", b"billingAccountId,date,meterCategory,costInBillingCurrency,billingCurrency\nA,09/01/2024,VM,1,USD\n",
+     ["an Azure cost details", "costInBillingCurrency", "(FOCUS)"]),
+    ("gcp.csv", b"billing_account_id,service.description,sku.description,usage_start_time,cost,currency\n"
+     b"A,Compute Engine,N1,2024-09-01 00:00:00 UTC,1.5,USD\n", ["Google Cloud billing export", "FOCUS view"]),
+    ("cur2.csv", b"bill_payer_account_id,line_item_usage_start_date,line_item_unblended_cost\n1,2024-09-01,1\n",
+     ["AWS CUR 2.0", "--format cur", "Parquet"]),
+    ("cur1.csv", b"identity/LineItemId,lineItem/UsageStartDate,lineItem/UnblendedCost,lineItem/CurrencyCode\n"
+     b"x,2024-09-01T00:00:00Z,1,USD\n", ["legacy AWS Cost and Usage Report", "CUR 2.0", "--format cur"]),
+    ("oci.csv", b"lineItem/referenceNo,lineItem/intervalUsageStart,cost/myCost,cost/currencyCode\nx,2024-09-01,1,USD\n",
+     ["Oracle Cloud (OCI) cost report", "FOCUS Reports"]),
+])
+def test_a_provider_export_that_is_not_focus_is_named_with_what_to_pass_instead(tmp_path, name, content, words):
+    billing = tmp_path / name
+    billing.write_bytes(content)
+    result = _recover(tmp_path, billing)
+    _refused(result, name, "not a FOCUS file", "no ChargePeriodStart column", *words)
+    assert not (tmp_path / "out" / "month=2024-09").exists()
+
+
+def test_a_cur_parquet_given_as_focus_is_refused_with_the_cur_format_in_the_hint(tmp_path):
+    from tests.cost.cur_sample import write_cur_month
+
+    billing = write_cur_month(tmp_path / "cur" / "cur-2024-09.parquet")
+    _refused(_recover(tmp_path, billing), "cur-2024-09.parquet: this looks like an AWS CUR 2.0 export",
+             "line_item_unblended_cost", "--format cur")

@@ -149,6 +149,28 @@ def test_an_owner_tag_too_long_for_a_file_name_or_differing_in_case_only_gets_a_
     assert owners == expected
 
 
+
+def test_an_owner_named_in_other_scripts_keeps_its_letters_in_its_statement_name(tmp_path):
+    import csv
+    import unicodedata
+
+    owners = ["\u00e9quipe", "\u00c9QUIPE", "e\u0301quipe", "\u30c7\u30fc\u30bf", "\u0928\u093f\u0924\u093f\u0928",
+              "\u00e9" * 200, "a\u202eb/c", "x\u0001y\\z"]
+    billing = tmp_path / "unicode.csv"
+    with open(billing, "w", newline="", encoding="utf-8") as handle:
+        out = csv.writer(handle)
+        out.writerow(["ChargePeriodStart", "BillingCurrency", "BilledCost", "EffectiveCost", "Tags"])
+        for day, owner in enumerate(owners, start=1):
+            out.writerow([f"2024-09-0{day}", "USD", day, day, json.dumps({"owner": owner})])
+    summary = _summary(_recover(tmp_path, billing))
+    assert summary["currencies"]["USD"]["by_owner"] == {owner: str(day) for day, owner in enumerate(owners, start=1)}
+    names = {path.name for path in (tmp_path / "out" / "month=2024-09" / "statements").iterdir()}
+    assert {"owner=\u00e9quipe.csv", "owner=\u30c7\u30fc\u30bf.csv", "owner=\u0928\u093f\u0924\u093f\u0928.csv",
+            "owner=a_b_c.csv", "owner=x_y_z.csv"} <= names, names
+    assert len(names) == len(owners) and len({unicodedata.normalize("NFC", name).casefold() for name in names}) == 8
+    assert all(unicodedata.is_normalized("NFC", name) and len(name.encode()) < 128 for name in names), names
+    assert all(unicodedata.category(char)[0] != "C" and char not in "/\\" for name in names for char in name)
+
 def test_a_blank_owner_name_in_the_owners_file_is_refused_naming_its_key(tmp_path):
     billing = tmp_path / "b.csv"
     billing.write_text("ChargePeriodStart,BillingCurrency,BilledCost,EffectiveCost,ServiceName\n2024-09-01,USD,1,1,A\n")
