@@ -148,8 +148,11 @@ def webhook_url(ref: WebhookRef) -> str:
 
 
 def post_webhook(url: str, text: str, *, name: str = "webhook", timeout: float = 30) -> None:
-    """POST `{"text": text}` as JSON (Slack's incoming-webhook format); a non-2xx answer or a
-    network error raises UnavailableError naming `name` (the reference), never the URL."""
+    """POST `{"text": text}` as JSON (Slack's incoming-webhook format), `&`, `<` and `>` escaped as
+    Slack asks, so text from data shows as written and never becomes a mention (`<!channel>`) or a
+    disguised link (`<https://…|label>`); a non-2xx answer or a network error raises
+    UnavailableError naming `name` (the reference), never the URL."""
+    text = utf8(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
     request = urllib.request.Request(url, data=json.dumps({"text": text}).encode(),
                                      headers={"Content-Type": "application/json"}, method="POST")
     try:
@@ -164,14 +167,39 @@ def post_webhook(url: str, text: str, *, name: str = "webhook", timeout: float =
 
 
 def send_webhook(ref: WebhookRef, subject: str, text: str) -> None:
-    """Resolve `ref` and post `*subject*\\ntext` to it (ConfigError / UnavailableError name the ref)."""
-    post_webhook(webhook_url(ref), f"*{subject}*\n{text}", name=ref.webhook_name)
+    """Resolve `ref` and post `*subject*\\ntext` to it, the subject as `one_line` (ConfigError /
+    UnavailableError name the ref)."""
+    post_webhook(webhook_url(ref), f"*{one_line(subject)}*\n{text}", name=ref.webhook_name)
+
+
+def utf8(text: str) -> str:
+    """`text` as UTF-8 can carry it: the bytes of a name that did not decode (Python's surrogate
+    escapes, as `os.listdir` gives them) shown as `\\xNN`, any other lone surrogate as `\\udNNN`;
+    a message naming such a file is sent rather than failing (and failing again on every retry)."""
+    try:
+        return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def one_line(text: str) -> str:
+    """`text` with every run of whitespace (CR, LF, U+2028 and the other line breaks included) as one
+    space: a mail subject built from data (a resource id, an owner) cannot add a header or fail to send."""
+    return " ".join(str(text).split())
 
 
 def send_email(to: list[str], subject: str, text: str, settings: NotificationSettings, context=None) -> None:
     """Mail `text` to `to`: through SmtpNotifier and `settings.smtp_conn_id` if set, else plain SMTP
-    from `settings.smtp`. Failures raise UnavailableError naming the connection or host (never a
-    password); no SMTP configured at all raises ConfigError."""
+    from `settings.smtp`. The subject is sent as `one_line`; a recipient that is not one `name@host`
+    address raises ConfigError naming it (nothing is sent). Failures raise UnavailableError naming
+    the connection or host (never a password); no SMTP configured at all raises ConfigError."""
+    subject, text = one_line(utf8(subject)), utf8(text)
+    try:
+        to = email_list(to)
+    except ValueError as exc:
+        raise ConfigError(f"e-mail: {exc}", hint="give one address per entry, e.g. team@example.com") from None
+    if not to:
+        raise ConfigError("e-mail: no recipient", hint="give at least one address")
     if settings.smtp_conn_id:
         from airflow.providers.smtp.notifications.smtp import SmtpNotifier
 

@@ -12,16 +12,22 @@ from __future__ import annotations
 import re
 from datetime import UTC, datetime
 from decimal import Decimal
-from html import escape
 from typing import Any
 
 from seedance_tasks.dashboard import pages, svg
 from seedance_tasks.dashboard.safety import root_status
 from seedance_tasks.dashboard.signals import at_stake_by_currency
 from seedance_tasks.dashboard.sources import FINDINGS, RUN_LOGS, Sources, find_sources
+from seedance_tasks.dashboard.svg import escape
 from seedance_tasks.errors import SeedanceError
 
 MONTH = re.compile(r"\d{4}-(0[1-9]|1[0-2])")
+PAGE_POLICY = "default-src 'none'; style-src 'unsafe-inline'; img-src data:; base-uri 'none'; form-action 'none'"
+"""Content-Security-Policy of every response: the pages have no script, so none runs even if data
+ever slipped through unescaped (inline styles and inline SVG are all they use)."""
+REPORT_POLICY = f"sandbox; {PAGE_POLICY}"
+"""... and of a served report.html, a file read from the output root: sandboxed too (an origin of
+its own, no script, no forms, no top navigation), so even a planted file cannot act as the user."""
 
 
 def _failure(exc: Exception) -> str:
@@ -71,24 +77,26 @@ def training_roots(sources: Sources) -> list[tuple[Any, list | None, list[str]]]
     return result
 
 
-def findings_roots(sources: Sources) -> list[tuple[Any, list | None, str | None]]:
-    """(root, open findings, error) of every signals root."""
+def findings_roots(sources: Sources) -> list[tuple[Any, list | None, list[str]]]:
+    """(root, open findings, error lines) of every signals root: findings None when unreadable; a
+    damaged night passed over or malformed findings left out each have their line."""
     from seedance_tasks.dashboard.signals import open_findings
 
     result = []
     for root in sources.of("signals", FINDINGS):
+        errors: list[str] = []
         try:
-            result.append((root, open_findings(root.uri), None))
+            result.append((root, open_findings(root.uri, errors), errors))
         except (SeedanceError, OSError) as exc:
-            result.append((root, None, _failure(exc)))
+            result.append((root, None, [*errors, _failure(exc)]))
     return result
 
 
 def findings_sections(sources: Sources) -> list[str]:
-    """The HTML section of every signals root (its error box when unreadable)."""
-    return [pages.findings_section(root, findings) if error is None
-            else f"<h2>{escape(root.uri)}</h2>" + pages.error_box(error)
-            for root, findings, error in findings_roots(sources)]
+    """The HTML section of every signals root, with its error boxes (only those when unreadable)."""
+    return [pages.findings_section(root, findings, errors) if findings is not None
+            else f"<h2>{escape(root.uri)}</h2>" + "".join(pages.error_box(error) for error in errors)
+            for root, findings, errors in findings_roots(sources)]
 
 
 def savings_result() -> tuple[dict | None, str | None]:
@@ -151,6 +159,13 @@ def create_app():
     app = FastAPI(title="Seedance", docs_url=None, redoc_url=None, openapi_url=None,
                   dependencies=[Depends(get_user)])
 
+    @app.middleware("http")
+    async def no_script(request, call_next):
+        response = await call_next(request)
+        response.headers.setdefault("Content-Security-Policy", PAGE_POLICY)
+        response.headers["X-Content-Type-Options"] = "nosniff"
+        return response
+
     @app.get("/", response_class=HTMLResponse)
     def index() -> str:
         return overview()
@@ -172,7 +187,8 @@ def create_app():
         path = location.join(f"month={month}", "report.html")
         if not storage.is_file(location.fs, path):
             raise HTTPException(404, f"no report.html for {month}")
-        return HTMLResponse(storage.read_bytes(location.fs, path).decode())
+        return HTMLResponse(storage.read_bytes(location.fs, path).decode(errors="replace"),
+                            headers={"Content-Security-Policy": REPORT_POLICY})
 
     @app.get("/savings", response_class=HTMLResponse)
     def savings() -> str:

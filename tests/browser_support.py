@@ -115,6 +115,7 @@ class Browser:
                 images: document.querySelectorAll('img').length,
                 handlers: [...document.querySelectorAll('*')].filter(e => [...e.attributes].some(
                     a => a.name.startsWith('on'))).length,
+                wider: document.documentElement.scrollWidth > window.innerWidth,
                 title: document.title, text: document.body ? document.body.innerText : ''})"""))
             html = self._evaluate(session, "document.documentElement.outerHTML")
             final = self._evaluate(session, "location.href")

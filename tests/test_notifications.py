@@ -154,3 +154,73 @@ def test_a_broken_channel_is_logged_and_the_other_still_sent(failing_dag, alerti
     dag_run = failing_dag("seedance_alert_half").test()
     assert dag_run.state == "failed" and len(inbox.messages) == 1 and received == []
     assert "failure alert: webhook failed: webhook: environment variable ALERTS_WEBHOOK is not set" in caplog.text
+
+
+# ----------------------------------------------------------------------------- text from data
+
+
+DATA_SUBJECT = "Idle resource arn:aws:ec2:i-1\r\nBcc: attacker@evil.example\u2028flagged"
+
+
+@pytest.mark.parametrize("through", ["smtplib", "smtp connection"])
+def test_a_subject_with_line_breaks_from_data_is_sent_as_one_line(monkeypatch, through):
+    """A resource id or owner name with CR/LF (or U+2028) in a subject neither adds a header nor
+    stops the mail: plain SMTP refused such a header (ValueError), SmtpNotifier failed retryably."""
+    from seedance_tasks.notifiers import NotificationSettings, SmtpSettings, send_email
+
+    with smtp_server() as (inbox, port):
+        if through == "smtplib":
+            settings = NotificationSettings(smtp=SmtpSettings(host="127.0.0.1", port=port))
+        else:
+            monkeypatch.setenv("AIRFLOW_CONN_DATA_SMTP", smtp_connection(port))
+            settings = NotificationSettings(smtp_conn_id="data_smtp")
+        send_email(["owner@example.com"], DATA_SUBJECT, "stop it", settings)
+    assert [(m.to, m.subject) for m in inbox.messages] == [
+        (["owner@example.com"], "Idle resource arn:aws:ec2:i-1 Bcc: attacker@evil.example flagged")]
+
+
+@pytest.mark.parametrize("address", ["owner@example.com,attacker@evil.example", "owner@example.com\r\nBcc: a@evil.example",
+                                     "owner@example.com attacker@evil.example"])
+def test_a_recipient_that_is_not_one_address_is_refused_and_nothing_is_sent(address):
+    from seedance_tasks.errors import ConfigError
+    from seedance_tasks.notifiers import NotificationSettings, SmtpSettings, send_email
+
+    with smtp_server() as (inbox, port):
+        settings = NotificationSettings(smtp=SmtpSettings(host="127.0.0.1", port=port))
+        with pytest.raises(ConfigError, match="e-mail: not an e-mail address"):
+            send_email([address], "subject", "text", settings)
+    assert inbox.messages == []
+
+
+def test_webhook_text_from_data_cannot_mention_everyone_or_disguise_a_link():
+    """Slack reads `<!channel>` as a mention and `<url|label>` as a link: `&`, `<`, `>` go escaped."""
+    from seedance_tasks.notifiers import post_webhook
+
+    with webhook_server() as (received, url):
+        post_webhook(url, "owner <!channel> & <https://evil.example|approve>")
+    assert received[0]["json"]["text"] == "owner &lt;!channel&gt; &amp; &lt;https://evil.example|approve&gt;"
+
+
+@pytest.mark.parametrize("through", ["smtplib", "smtp connection", "webhook"])
+def test_a_message_naming_a_file_whose_name_is_not_utf8_is_sent(monkeypatch, through):
+    """A folder name with the byte 0xff (Python's surrogate escape from os.listdir) in a subject or
+    body: UnicodeEncodeError before (a traceback, or a retryable failure that never succeeds)."""
+    import os
+
+    from seedance_tasks.notifiers import NotificationSettings, SmtpSettings, post_webhook, send_email
+
+    name = os.fsdecode(b"lake/p=\xff")
+    if through == "webhook":
+        with webhook_server() as (received, url):
+            post_webhook(url, f"quarantined {name}")
+        assert received[0]["json"]["text"] == "quarantined lake/p=\\xff"
+        return
+    with smtp_server() as (inbox, port):
+        if through == "smtplib":
+            settings = NotificationSettings(smtp=SmtpSettings(host="127.0.0.1", port=port))
+        else:
+            monkeypatch.setenv("AIRFLOW_CONN_DATA_SMTP", smtp_connection(port))
+            settings = NotificationSettings(smtp_conn_id="data_smtp")
+        send_email(["owner@example.com"], f"quarantined {name}", f"file {name} was quarantined", settings)
+    [mail] = inbox.messages
+    assert mail.subject == "quarantined lake/p=\\xff" and "file lake/p=\\xff was quarantined" in mail.body

@@ -7,11 +7,10 @@ is given, so a re-run renders the same bytes.
 from __future__ import annotations
 
 from decimal import Decimal
-from html import escape
 from typing import Any
 
 from seedance_tasks.cost.money import display
-from seedance_tasks.dashboard.svg import hbars
+from seedance_tasks.dashboard.svg import escape, hbars
 
 TOP = 25  # owners, services and idle resources drawn per chart
 

@@ -7,8 +7,7 @@ minor unit, with its code). A tampered or malformed ledger is shown as an error,
 
 from __future__ import annotations
 
-from html import escape
-
+from seedance_tasks.dashboard.svg import escape
 from seedance_tasks.errors import SeedanceError
 
 

@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
-MONTH_DIR = re.compile(r"month=(\d{4}-\d{2})")
+MONTH_DIR = re.compile(r"month=(\d{4}-(?:0[1-9]|1[0-2]))")  # a real month: month=2024-13 is no month
 WINDOW = 12
 TOP_OWNERS = 8  # owners drawn by name in the stacked chart; the rest are "(other owners)"
 OTHER = "(other owners)"
@@ -112,13 +112,58 @@ def cost_view(uri: str, now: datetime | None = None) -> CostView:
     for month in window:
         if month in closed:
             try:
-                summaries[month] = storage.read_json(root.fs, root.join(f"month={month}", "summary.json"))
+                summaries[month] = check_summary(storage.read_json(root.fs, root.join(f"month={month}", "summary.json")))
             except (OSError, ValueError) as exc:
-                errors.append(f"month={month}/summary.json: unreadable ({exc})")
+                errors.append(f"error: {root.uri_of(root.join(f'month={month}', 'summary.json'))}: not shown, "
+                              f"unreadable or not a month summary ({str(exc)[:300]}) hint: publish the month again "
+                              f"(trigger seedance_cost_recovery with month={month}); the other months are shown")
     published = [month for month in window if month in summaries]
     empty = [month for month in published if not summaries[month].get("lines")]
     return CostView(root.uri, window, published, summaries, _currencies(window, summaries), empty, open_months,
                     errors)
+
+
+def _object(value: Any, where: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise ValueError(f"{where} is not a JSON object")
+    return value
+
+
+def _objects(value: Any, where: str) -> list[dict[str, Any]]:
+    if not isinstance(value, list) or not all(isinstance(item, dict) for item in value):
+        raise ValueError(f"{where} is not a list of JSON objects")
+    return value
+
+
+def _amount(value: Any, where: str) -> None:
+    from seedance_tasks.cost.money import parse_amount
+
+    try:
+        parse_amount(value)
+    except ValueError as exc:
+        raise ValueError(f"{where}: {exc}") from None
+
+
+def check_summary(summary: Any) -> dict[str, Any]:
+    """`summary` (a month's summary.json, read back: untrusted) if the cost page can show all of it:
+    every amount it shows is one `money.parse_amount` reads (finite, |amount| < 10**18), every
+    currency a string; else ValueError naming the first field that is not."""
+    _object(summary, "the document")
+    for currency, entry in _object(summary.get("currencies", {}), "currencies").items():
+        entry = _object(entry, f"currencies.{currency}")
+        for value in _object(entry.get("by_owner", {}), f"currencies.{currency}.by_owner").values():
+            _amount(value, f"currencies.{currency}.by_owner")
+        for key in ("total", "unallocated"):
+            _amount(entry.get(key, "0"), f"currencies.{currency}.{key}")
+    for index, item in enumerate(_objects(summary.get("idle", []), "idle")):
+        for value in _object(item.get("cost") or {}, f"idle[{index}].cost").values():
+            _amount(value, f"idle[{index}].cost")
+    for index, item in enumerate(_objects(summary.get("over_budget", []), "over_budget")):
+        for key in ("spend", "budget"):
+            _amount(item.get(key), f"over_budget[{index}].{key}")
+        if not isinstance(item.get("currency"), str | None):
+            raise ValueError(f"over_budget[{index}].currency is not a currency code")
+    return summary
 
 
 def _currencies(window: list[str], summaries: dict[str, dict[str, Any]]) -> list[CurrencyView]:

@@ -11,15 +11,15 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from decimal import Decimal
-from html import escape
 from typing import Any
 from urllib.parse import quote
 
 from seedance_tasks.dashboard import svg
 from seedance_tasks.dashboard.cost import UNALLOCATED, CostView
 from seedance_tasks.dashboard.sources import HOW_TO_CONFIGURE, Sources
+from seedance_tasks.dashboard.svg import escape
 from seedance_tasks.units import format_size
 
 TABLE_OWNERS = 25  # owners listed by name per currency (the largest over the window); the rest in one row
@@ -28,7 +28,7 @@ PAGES = (("./", "Overview"), ("cost", "Cost"), ("savings", "Savings"), ("trainin
 CHARTS = 12  # training runs drawn as a cost-over-steps chart (the newest); all are in the table
 CSS = (
     "body{font:14px/1.45 system-ui,sans-serif;margin:0;color:#1f2328;background:#fff}"
-    "main{padding:1em 1.5em 3em;max-width:1200px}nav{background:#17324d;padding:.6em 1.5em}"
+    "main{padding:1em 1.5em 3em;max-width:1200px;overflow-wrap:anywhere}nav{background:#17324d;padding:.6em 1.5em}"
     "nav a{color:#dce6f0;margin-right:1.4em;text-decoration:none;font-weight:600}nav a.on{color:#fff;"
     "border-bottom:2px solid #fff}h1{font-size:1.5em;margin:.4em 0}h2{font-size:1.2em;margin-top:1.6em;"
     "border-bottom:1px solid #d8dee4;padding-bottom:.2em}h3{font-size:1.05em;margin-top:1.2em}"
@@ -87,11 +87,18 @@ def amount(value: Decimal | None, currency: str | None = None, **data: str) -> R
     return Raw(f"<span{css}{attributes}>{escape(svg.money(value, currency))}</span>")
 
 
-def when(value: datetime | str | None) -> str:
+def when(value: Any) -> str:
+    """A time as `YYYY-MM-DD HH:MM UTC` (an aware time converted to UTC, a naive one taken as UTC);
+    "—" for None. A value that is no ISO time (it is read from files) is shown as it is, never an error."""
     if value is None:
         return "—"
-    if isinstance(value, str):
-        value = datetime.fromisoformat(value)
+    if not isinstance(value, datetime):
+        try:
+            value = datetime.fromisoformat(str(value))
+        except ValueError:
+            return str(value)
+    if value.tzinfo is not None:
+        value = value.astimezone(UTC)
     return value.strftime("%Y-%m-%d %H:%M UTC")
 
 
@@ -400,11 +407,13 @@ def _fix(fix: dict[str, Any] | None) -> Raw | str:
                f"<code>{escape(conf)}</code>")
 
 
-def findings_section(root: Any, findings: list[Any]) -> str:
-    """One signals root: the open findings, most money at stake first, with totals per currency."""
+def findings_section(root: Any, findings: list[Any], errors: Sequence[str] = ()) -> str:
+    """One signals root: its `errors` (boxes), the open findings, most money at stake first, with
+    totals per currency."""
     from seedance_tasks.dashboard.signals import at_stake_by_currency
 
     parts = [f"<h2><code>{escape(root.uri)}</code> <span class='muted'>({escape(root.origin)})</span></h2>"]
+    parts += [error_box(error) for error in errors]
     if not findings:
         parts.append("<p class='none'>No open finding (or no night audited here yet: <code>seedance_signals</code> "
                      "runs nightly).</p>")

@@ -23,6 +23,8 @@ def root_status(uri: str, now: datetime | None = None) -> dict[str, Any]:
             reason = storage.read_json(root.fs, info.path)
         except (OSError, ValueError) as exc:
             reason = {"file": root.relative(info.path), "reason": f"unreadable reason file: {exc}"}
+        if not isinstance(reason, dict):
+            reason = {"file": root.relative(info.path), "reason": "unreadable reason file: not a JSON object"}
         quarantined.append({"file": reason.get("file"), "reason": reason.get("reason"),
                             "run_id": reason.get("run_id"), "at": reason.get("at")})
     trash: dict[str, dict] = {}

@@ -11,14 +11,15 @@ from decimal import Decimal
 from typing import Any
 
 
-def open_findings(uri: str) -> list[Any]:
+def open_findings(uri: str, warnings: list[str] | None = None) -> list[Any]:
     """The open findings (`signals.model.Finding`) under the signals root `uri`, most at stake first;
-    [] when no night has been audited there yet."""
+    [] when no night has been audited there yet. Given `warnings`, an `error:` line there names a
+    damaged night passed over and the malformed findings left out (the others are still returned)."""
     from seedance_tasks.errors import InputError
     from seedance_tasks.signals.audit import open_findings as read
 
     try:
-        return read(uri)
+        return read(uri, warnings)
     except (ValueError, KeyError, TypeError) as exc:  # a findings.json that is not the audit's document
         raise InputError(f"{uri}: the latest nights/<date>/findings.json is malformed ({type(exc).__name__}: {exc})",
                          hint="re-run that night's audit (`seedance signals run --date DATE`) or move the "

@@ -8,9 +8,10 @@ so the same data renders the same bytes.
 
 from __future__ import annotations
 
+import html
+import re
 from collections.abc import Callable, Sequence
 from decimal import Decimal
-from html import escape
 
 from seedance_tasks.cost.money import display
 
@@ -24,6 +25,13 @@ _FONT = "font-family='system-ui,sans-serif' font-size='12'"
 
 
 money = display  # the one money rule, under the name the pages and charts use
+BIDI_CONTROLS = re.compile("[\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def escape(text: str, quote: bool = True) -> str:
+    """`html.escape` of `text`, each Unicode bidi control in it shown as its code (`<U+202E>`): a name
+    from data cannot reorder how it reads (an owner `\u202egnp.exe` would show as `exe.png`)."""
+    return html.escape(BIDI_CONTROLS.sub(lambda found: f"<U+{ord(found.group()):04X}>", text), quote)
 
 
 def clip(label: str, chars: int) -> str:

@@ -8,14 +8,13 @@ date writes the same outputs, and nights can be backfilled in order.
 
 from __future__ import annotations
 
-import html
 import io
 import json
 from datetime import date
 from typing import Any
 
 from seedance_tasks import storage
-from seedance_tasks.cost.money import display
+from seedance_tasks.cost.money import LIMIT, display
 from seedance_tasks.errors import InputError, UsageError
 from seedance_tasks.signals.model import SEVERITIES, Finding, Skipped
 from seedance_tasks.signals.registry import RULES
@@ -89,6 +88,12 @@ def _is_day(text: Any) -> bool:
     return isinstance(text, str) and _is_night(text)
 
 
+def _is_fix(fix: Any) -> bool:
+    """None (no automatic fix), or a DAG id with a JSON object of conf, as `Finding.fix` holds it."""
+    return fix is None or (isinstance(fix, dict) and isinstance(fix.get("dag_id"), str)
+                           and isinstance(fix.get("conf", {}), dict))
+
+
 def document_findings(document: dict[str, Any]) -> tuple[list[dict[str, Any]], int]:
     """The well-formed open findings of a night's document (read back: untrusted), each as
     `Finding.to_json` writes it, and how many malformed ones were left out (missing fields, an
@@ -101,11 +106,13 @@ def document_findings(document: dict[str, Any]) -> tuple[list[dict[str, Any]], i
                 well_formed = (isinstance(finding.signal, str) and isinstance(finding.key, str)
                                and finding.severity in SEVERITIES and isinstance(finding.evidence, dict)
                                and _is_day(finding.first_seen) and _is_day(finding.last_seen)
-                               and finding.at_stake.is_finite())
+                               and finding.at_stake.is_finite() and abs(finding.at_stake) < LIMIT
+                               and isinstance(finding.currency, str) and _is_fix(finding.fix))
+                data = finding.to_json() if well_formed else None
             except (TypeError, ValueError, ArithmeticError, AttributeError):
                 well_formed = False
             if well_formed:
-                kept.append(finding.to_json())
+                kept.append(data)
             else:
                 dropped += 1
     return kept, dropped
@@ -209,17 +216,26 @@ def night_findings(night: dict[str, Any]) -> list[dict[str, Any]]:
     return [f for signal in night["signals"] for f in signal["findings"]]
 
 
-def open_findings(root: str) -> list[Finding]:
+def open_findings(root: str, warnings: list[str] | None = None) -> list[Finding]:
     """The findings still open after the latest night audited under `root` (a URI: `signals.root`),
-    most money at stake first; [] when no night has been written there yet. For the dashboard."""
+    most money at stake first; [] when no night has been written there yet. For the dashboard.
+    A damaged night is passed over for the one before it, and malformed findings are left out;
+    given `warnings`, each gets an `error: ... hint: ...` line there naming the file."""
     location = storage.resolve(root)
     for name in reversed(_nights(location)):
-        if storage.is_file(location.fs, location.join(NIGHTS, name, "findings.json")):
+        path = location.join(NIGHTS, name, "findings.json")
+        if storage.is_file(location.fs, path):
             try:
                 document = read_night(location, name)
-            except InputError:  # damaged: the night before it is the latest readable
+            except InputError as exc:  # damaged: the night before it is the latest readable
+                if warnings is not None:
+                    warnings.append(f"error: {exc.message}: passed over for the night before it hint: {exc.hint}")
                 continue
-            found = [Finding.from_json(data) for data in document_findings(document)[0]]
+            kept, dropped = document_findings(document)
+            if dropped and warnings is not None:
+                warnings.append(f"error: {location.uri_of(path)}: {dropped:,} malformed finding(s) left out "
+                                f"hint: re-run that night's audit (`seedance signals run --date {name}`)")
+            found = [Finding.from_json(data) for data in kept]
             return sorted(found, key=lambda f: (-f.at_stake, f.id))
     return []
 
@@ -252,7 +268,8 @@ def write_night(root: storage.Location, night: dict[str, Any]) -> dict[str, str]
 def render_html(night: dict[str, Any]) -> str:
     """A self-contained HTML page of the night: one row per signal, why the billing rules were
     skipped (if they were) and the warnings, then every open finding."""
-    e = html.escape
+    from seedance_tasks.dashboard.svg import escape as e  # bidi controls shown, not obeyed
+
     lines = [f"<!doctype html><meta charset=utf-8><title>Seedance signals {e(night['date'])}</title>",
              f"<h1>Cost signals, night of {e(night['date'])}</h1><table border=1>",
              "<tr><th>signal</th><th>state</th><th>findings</th></tr>"]

@@ -13,7 +13,7 @@ from seedance_tasks import storage
 from seedance_tasks.cost.money import display
 from seedance_tasks.cost.notify import Ledger
 from seedance_tasks.errors import InputError
-from seedance_tasks.notifiers import NotificationSettings, send_email, send_webhook
+from seedance_tasks.notifiers import NotificationSettings, one_line, send_email, send_webhook
 from seedance_tasks.signals.audit import night_findings
 from seedance_tasks.signals.model import SEVERITIES
 
@@ -51,7 +51,7 @@ def message(finding: dict[str, Any]) -> tuple[str, str]:
     """(subject, text) of a finding; the subject is one line (a key made of a label value or a file
     name with a newline in it cannot add a mail header)."""
     verb = "escalated" if finding["change"] == "escalated" else "new"
-    subject = " ".join(f"[seedance {finding['severity']}] {finding['signal']} ({verb}): {finding['key']}".split())
+    subject = one_line(f"[seedance {finding['severity']}] {finding['signal']} ({verb}): {finding['key']}")
     fix = finding.get("fix")
     lines = [finding["summary"], f"at stake: {display(finding['at_stake'], finding['currency'])} a month",
              "evidence: " + json.dumps(finding["evidence"], sort_keys=True),

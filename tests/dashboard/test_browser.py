@@ -9,9 +9,11 @@ tests/_artifacts/ (git-ignored).
 from __future__ import annotations
 
 import os
+import shutil
 import urllib.error
 import urllib.request
 from decimal import Decimal
+from pathlib import Path
 
 import pytest
 
@@ -65,7 +67,8 @@ def dashboard(tmp_path_factory, airflow_db, dagbag, chargeback, training_logs, f
         for name, path in PAGES.items():
             pages[name] = browser.open(base + path, cookies=cookie)
             pages[name].save(f"dashboard-{name}")
-        yield {"base": base, "pages": pages, "report": report, "dag_run": dag_run, "lake": lake}
+        yield {"base": base, "pages": pages, "report": report, "dag_run": dag_run, "lake": lake, "browser": browser,
+               "token": token}
     finally:
         if browser:
             browser.close()
@@ -181,3 +184,28 @@ def test_a_request_without_login_is_refused(dashboard):
         assert refused.value.code == 401
     dom = dump_dom(dashboard["base"] + PAGES["cost"])
     assert "Not authenticated" in dom and "PeoriaData" not in dom
+
+
+def test_every_response_forbids_script_and_a_planted_report_html_runs_none(dashboard, chargeback):
+    """report.html is a file of the output root, served as it is: one planted there with a script and
+    an onerror handler is shown, sandboxed, and runs neither (Content-Security-Policy)."""
+    from seedance_tasks.ui import PAGE_POLICY, REPORT_POLICY
+
+    folder = Path(chargeback["out"]) / "month=2001-01"  # no summary.json: no month of the cost page
+    folder.mkdir()
+    (folder / "report.html").write_text("<!doctype html><title>planted</title><p>planted report</p>"
+                                        "<script>document.title='ran'</script><img src=x onerror=\"document.title='ran'\">")
+    path = "/seedance/cost/report?root=0&month=2001-01"
+    try:
+        page = dashboard["browser"].open(dashboard["base"] + path,
+                                         cookies=[{"name": "_token", "value": dashboard["token"], "url": dashboard["base"] + "/"}])
+        policies = {}
+        for name in (*PAGES.values(), path):
+            request = urllib.request.Request(dashboard["base"] + name, headers={"Cookie": f"_token={dashboard['token']}"})
+            with urllib.request.urlopen(request, timeout=30) as response:
+                policies[name] = response.headers["Content-Security-Policy"]
+    finally:
+        shutil.rmtree(folder)
+    assert "planted report" in page.facts["text"] and page.facts["title"] == "planted"  # shown, nothing ran
+    assert policies.pop(path) == REPORT_POLICY and policies.pop(PAGES["report"]) == REPORT_POLICY
+    assert set(policies.values()) == {PAGE_POLICY}

@@ -9,12 +9,10 @@ from decimal import Decimal
 from html import escape
 from pathlib import Path
 
-import pytest
-
+from seedance_tasks import ui
 from seedance_tasks.dashboard import pages, svg
 from seedance_tasks.dashboard.signals import at_stake_by_currency, open_findings
 from seedance_tasks.dashboard.sources import FINDINGS, Root, Sources
-from seedance_tasks.errors import InputError
 from tests.dashboard.conftest import HOSTILE, NIGHTS, Cells
 
 SURGE_ID = f"cost-surge:owner={HOSTILE[0]}"
@@ -60,7 +58,14 @@ def test_no_root_no_night_and_a_malformed_night_each_say_what_to_do(tmp_path, fi
     assert "No open finding" in pages.findings_section(empty, [])
     broken = tmp_path / "broken"
     shutil.copytree(findings_root["root"], broken)
-    (broken / "nights" / NIGHTS[-1] / "findings.json").write_text('{"signals": [{"findings": [{"id": 1}]}]}')
-    with pytest.raises(InputError, match="findings.json is malformed") as caught:
-        open_findings(str(broken))
-    assert str(broken) in caught.value.message and "seedance signals run" in caught.value.hint
+    latest = broken / "nights" / NIGHTS[-1] / "findings.json"
+    latest.write_text('{"signals": [{"findings": [{"id": 1}]}]}')
+    warnings: list[str] = []
+    assert open_findings(str(broken), warnings) == []  # the malformed finding is left out, and said so
+    assert len(warnings) == 1 and warnings[0].startswith(f"error: {latest}: 1 malformed finding(s) left out")
+    assert f"hint: re-run that night's audit (`seedance signals run --date {NIGHTS[-1]}`)" in warnings[0]
+    latest.write_text("{")  # a damaged latest night: the night before it is shown, and said so
+    root = Root("signals", FINDINGS, str(broken), "test")
+    page = pages.findings_page(Sources((root,)), ui.findings_sections(Sources((root,))))
+    assert f"<p class='err'>error: {latest}: unreadable night document" in page and "passed over" in page
+    assert escape(SURGE_ID) in page  # the findings of the night before
