@@ -39,18 +39,22 @@ def _reusable(tensor) -> bool:
 
 def snapshot(state: Any, spare: list | None = None) -> tuple[Any, list]:
     """(a copy of `state` in host memory, same tree, that later in-place changes to `state` do not
-    reach; its tensors). Written into the tensors of `spare` where their dtypes and shapes match."""
-    from seedance_tasks.checkpoint.tree import flatten, unflatten
+    reach; its tensors). Written into the tensors of `spare` where their dtypes and shapes match.
+    A broadcast tensor (`x.expand(...)`) is copied once per distinct element and expanded again."""
+    from seedance_tasks.checkpoint.tree import flatten, unbroadcast, unflatten
 
     skeleton, named = flatten(state)
-    tensors = [tensor.detach() for _name, tensor in named]
+    given = [tensor.detach() for _name, tensor in named]
+    tensors = [unbroadcast(tensor) for tensor in given]
     if spare and len(spare) == len(tensors) and all(
         old.dtype == new.dtype and old.shape == new.shape and _reusable(new) for old, new in zip(spare, tensors, strict=True)
     ):
         copies = [old.copy_(new) for old, new in zip(spare, tensors, strict=True)]
     else:
         copies = [tensor.to("cpu", copy=True) for tensor in tensors]
-    return unflatten(skeleton, copies), copies
+    restored = [copy if compact is tensor else copy.expand(tensor.shape)
+                for copy, compact, tensor in zip(copies, tensors, given, strict=True)]
+    return unflatten(skeleton, restored), copies
 
 
 def _keep_spare(copies: list) -> Callable[[Future], None]:

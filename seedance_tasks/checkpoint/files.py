@@ -14,7 +14,8 @@ from __future__ import annotations
 import json
 import os
 import pickle
-import tempfile
+import secrets
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ from seedance_tasks.errors import InputError, IntegrityError, RefusedError, Usag
 PT_SUFFIXES = (".pt", ".pth", ".ckpt")
 SAFETENSORS_SUFFIX = ".safetensors"
 TREE_KEY = "seedance.tree"
+MAX_EXPANDED_BYTES = 1 << 30  # the most bytes a broadcast tensor (`x.expand(...)`) is written out to in a .safetensors
 
 
 def file_format(path: str | os.PathLike) -> str:
@@ -119,7 +121,9 @@ def write_checkpoint(state: Any, path: str | os.PathLike, fmt: str | None = None
     if fmt not in ("pt", "safetensors"):
         raise UsageError(f"unknown output format {fmt!r}", hint="use pt or safetensors")
     path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    temp = str(path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp")
+    handle = os.open(temp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666)
+    mode = os.fstat(handle).st_mode  # 0o666 less the umask: what torch.save gives a new file
     os.close(handle)
     try:
         if fmt == "pt":
@@ -128,6 +132,7 @@ def write_checkpoint(state: Any, path: str | os.PathLike, fmt: str | None = None
             torch.save(state, temp)
         else:
             _write_safetensors(state, temp)
+        os.chmod(temp, stat.S_IMODE(mode))  # safetensors writes a file of its own, owner-only
         if replace:
             os.replace(temp, path)
         else:
@@ -147,11 +152,16 @@ def write_checkpoint(state: Any, path: str | os.PathLike, fmt: str | None = None
 def _write_safetensors(state: Any, temp: str) -> None:
     from safetensors.torch import save_file
 
-    from seedance_tasks.checkpoint.tree import flatten
+    from seedance_tasks.checkpoint.tree import flatten, unbroadcast
 
     skeleton, named = flatten(state)  # tied tensors are one entry already, their leaves share it
     flat, storages = {}, set()
     for name, tensor in named:
+        dense_bytes = tensor.numel() * tensor.element_size()
+        if dense_bytes > MAX_EXPANDED_BYTES and unbroadcast(tensor) is not tensor:
+            raise UsageError(f"tensor {name} is broadcast (stride 0) to {dense_bytes:,} bytes, which safetensors "
+                             "(no strides) would write out in full", hint="write a .pt file instead (--out FILE.pt): "
+                             "it keeps the tensor broadcast, as the checkpoint stores it")
         dense = tensor.detach().contiguous()
         storage = dense.untyped_storage()
         if storage.nbytes() and storage.data_ptr() in storages:  # views into one storage (w, w[1:]): safetensors

@@ -23,7 +23,7 @@ tiering and thaw rewrite a manifest in its own format. `chunk_digest(manifest)` 
 that says which digest a manifest's chunks carry and how to compute it.
 
 Fields of the layout (see `seedance_tasks/checkpoint/store.py` for what they mean): `tree`,
-`tensors[i]` (name, dtype, stored_dtype, shape, codec, base, chunk_bytes, sampled, chunks: file, offset,
+`tensors[i]` (name, dtype, stored_dtype, shape, stored_shape, stride, codec, base, chunk_bytes, sampled, chunks: file, offset,
 length, raw, blake3 | sha256), `files` (`{name: {size, tier, uri, root, storage_class}}`; `uri` null =
 next to the manifest), `base` `{step, id}`, `chain`, `depth`, `group`, `metrics`, `tags`,
 `stats`, `source`, `created_at`, `id`. Unknown extra fields are kept as they are (a newer
@@ -45,7 +45,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from seedance_tasks import storage
-from seedance_tasks.checkpoint.tree import MAX_DEPTH, MAX_INT_DIGITS, tree_problem
+from seedance_tasks.checkpoint.tree import MAX_DEPTH, MAX_INT_DIGITS, UNREADABLE_DTYPES, tree_problem
 from seedance_tasks.errors import IntegrityError, UsageError
 from seedance_tasks.storage import Location
 
@@ -105,6 +105,8 @@ class TensorEntry(_Model):
     stored_dtype: str
     lossy: str | None = None
     shape: list[int]
+    stored_shape: list[int] | None = None  # a broadcast tensor: the shape its bytes hold (broadcast dims 1)
+    stride: list[int] | None = None  # a permuted dense layout (transposed, channels_last) of the stored shape
     nbytes: int = NonNegative
     codec: Codec
     planes: str | None = None
@@ -337,7 +339,7 @@ def _check_links(model: Manifest, where: str) -> None:
 def _itemsize(name: str, where: str, field: str) -> int:
     """Bytes per element of dtype `name` (the table, else torch); IntegrityError if no such dtype."""
     size = DTYPE_SIZES.get(name)
-    if size is None and re.fullmatch(r"[a-z][a-z0-9_]{0,39}", name or "") and not name.startswith(("q", "bits")):
+    if size is None and re.fullmatch(r"[a-z][a-z0-9_]{0,39}", name or "") and not name.startswith(UNREADABLE_DTYPES):
         import torch
 
         dtype = getattr(torch, name, None)
@@ -347,6 +349,29 @@ def _itemsize(name: str, where: str, field: str) -> int:
                              hint="the manifest was edited or damaged, or written with a torch that has this dtype: "
                              "restore it with that torch version")
     return size
+
+
+def held_shape(shape: list[int], stored_shape: list[int] | None) -> list[int] | None:
+    """The shape a tensor's stored bytes hold: `shape`, or for a broadcast tensor its `stored_shape`
+    (each dimension its own size or 1, a broadcast one); None if `stored_shape` does not fit `shape`."""
+    if stored_shape is None:
+        return shape
+    fits = len(stored_shape) == len(shape) and all(held in (1, size) for held, size in zip(stored_shape, shape, strict=True))
+    return stored_shape if fits else None
+
+
+def dense_layout(shape: list[int], stride: list[int]) -> bool:
+    """True if `stride` lays a tensor of `shape` (at least one element) out densely without
+    overlap: each element at its own place among exactly prod(shape) (a permutation of the
+    dimensions, as a transposed or channels_last tensor)."""
+    if len(stride) != len(shape) or any(size <= 0 for size in shape) or any(step < 0 for step in stride):
+        return False
+    expected = 1
+    for step, size in sorted((step, size) for size, step in zip(shape, stride, strict=True) if size != 1):
+        if step != expected:
+            return False
+        expected *= size
+    return True
 
 
 def _check_tensors(model: Manifest, where: str) -> None:
@@ -364,13 +389,18 @@ def _check_tensors(model: Manifest, where: str) -> None:
         field = f"tensors[{tensor.name[:80]!r}]"
         _itemsize(tensor.dtype, where, f"{field}.dtype")
         width = _itemsize(tensor.stored_dtype, where, f"{field}.stored_dtype")
-        if any(size < 0 for size in tensor.shape) or math.prod(tensor.shape) * width != tensor.nbytes:
+        held = held_shape(tensor.shape, tensor.stored_shape)
+        if any(size < 0 for size in tensor.shape) or held is None or math.prod(held) * width != tensor.nbytes:
             raise IntegrityError(
-                f"manifest {where}: {field}.shape {str(tensor.shape)[:80]} of {tensor.stored_dtype} does not "
-                f"hold its nbytes {tensor.nbytes}; refused",
+                f"manifest {where}: {field}.shape {str(tensor.shape)[:80]}"
+                + (f" (stored_shape {str(tensor.stored_shape)[:80]})" if tensor.stored_shape is not None else "")
+                + f" of {tensor.stored_dtype} does not hold its nbytes {tensor.nbytes}; refused",
                 hint="the manifest was edited or damaged; restore it from the trash or a copy, or save the "
                 "checkpoint again",
             )
+        if tensor.stride is not None and not dense_layout(held, tensor.stride):
+            raise _refuse(where, f"{field}.stride", f"{str(tensor.stride)[:80]} is not a dense layout of its "
+                          f"stored shape {str(held)[:80]}")
         lossy = tensor.stored_dtype != tensor.dtype or tensor.lossy is not None
         if lossy and not (tensor.lossy == "bf16" and model.lossy == "bf16" and tensor.stored_dtype == LOSSY_STORED
                           and tensor.dtype in LOSSY_FROM):

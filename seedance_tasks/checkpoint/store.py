@@ -5,7 +5,11 @@ tiering rely on:
 
 - `tree`: the checkpoint's tree with tensors replaced by their index (see `tree.py`).
 - `tensors[i]`: name, dtype (as given), stored_dtype (differs only under lossy `bf16`), shape,
-  codec, `base` (the step a delta tensor is taken against, else null), chunk_bytes, and `chunks`:
+  `stored_shape` (only for a broadcast tensor, e.g. `x.expand(...)`: its bytes hold each element
+  once, broadcast dimensions as 1, and it restores as that expanded again, stride 0 as
+  `torch.load` gives it), `stride` (only for a permuted dense layout, e.g. transposed or
+  channels_last: the bytes are in logical order and restore into these strides, of the stored
+  shape), codec, `base` (the step a delta tensor is taken against, else null), chunk_bytes, and `chunks`:
   `{file, offset, length, raw, blake3}` - where the compressed bytes are and the BLAKE3 digest of
   the raw (stored-dtype) bytes of that chunk (`sha256` in format 1). A tensor is read alone by
   reading only its chunks.
@@ -71,11 +75,13 @@ from seedance_tasks.checkpoint.manifest import (  # noqa: F401
     STEP_DIR,
     checked_step,
     chunk_digest,
+    dense_layout,
+    held_shape,
     oversized_int,
     step_dir,
 )
 from seedance_tasks.checkpoint.manifest import stored_bytes as data_file_bytes
-from seedance_tasks.checkpoint.tree import aliases, flatten, keep_exact, same_tree, unflatten
+from seedance_tasks.checkpoint.tree import aliases, flatten, keep_exact, same_tree, unbroadcast, unflatten
 from seedance_tasks.errors import IntegrityError, RefusedError, UsageError
 from seedance_tasks.storage import Location
 
@@ -123,7 +129,8 @@ def _torch_dtype(name: str, where: str = "a manifest"):
 def _check_shape(entry: dict, where: str) -> None:
     """A tensor's shape must hold exactly its stored bytes (else it could not be rebuilt)."""
     shape, itemsize = entry["shape"], _torch_dtype(entry["stored_dtype"]).itemsize
-    if any(size < 0 for size in shape) or math.prod(shape) * itemsize != entry["nbytes"]:
+    held = held_shape(shape, entry.get("stored_shape"))
+    if any(size < 0 for size in shape) or held is None or math.prod(held) * itemsize != entry["nbytes"]:
         raise IntegrityError(
             f"manifest {where}: tensors[{entry['name']!r}].shape {str(shape)[:80]} of {entry['stored_dtype']} "
             f"does not hold its nbytes {entry['nbytes']}; refused",
@@ -133,8 +140,12 @@ def _check_shape(entry: dict, where: str) -> None:
 
 def _raw_bytes(tensor) -> np.ndarray:
     """The tensor's bytes as a flat uint8 array (zero-copy for a contiguous CPU tensor)."""
+    import torch
+
     flat = tensor.detach().cpu().resolve_conj().resolve_neg().contiguous().reshape(-1)
-    return flat.view(__import__("torch").uint8).numpy()
+    if flat.numel() == 1 and flat.stride() != (1,):  # one element that came in with stride 0 (`t.expand(1)`)
+        flat = flat.clone(memory_format=torch.contiguous_format)
+    return flat.view(torch.uint8).numpy()
 
 
 @dataclass
@@ -145,6 +156,8 @@ class _Prepared:
     shape: list[int]
     raw: np.ndarray
     width: int
+    stored_shape: list[int] | None = None  # a broadcast tensor: the shape of the bytes it stores
+    stride: list[int] | None = None  # a permuted dense layout, restored as such
     lossy: str | None = None
     original_bytes: int = 0
     chunk_bytes: int = 0  # raw bytes per chunk, a multiple of the element width
@@ -162,23 +175,27 @@ def _prepare(name: str, tensor, lossy: str | None, lossy_min_elements: int) -> _
     import torch
 
     dtype = _dtype_name(tensor.dtype)
-    stored, applied = tensor, None
+    compact = unbroadcast(tensor)  # an expanded tensor stores each element once, as torch.save does
+    stored, applied = compact, None
     if (
         lossy == "bf16"
         and dtype in LOSSY_DTYPES
         and tensor.numel() >= lossy_min_elements
         and not keep_exact(name)
     ):
-        stored, applied = tensor.detach().to(torch.bfloat16), "bf16"
+        stored, applied = compact.detach().to(torch.bfloat16), "bf16"
+    permuted = not compact.is_contiguous() and dense_layout(list(compact.shape), list(compact.stride()))
     return _Prepared(
         name=name,
         dtype=dtype,
         stored_dtype=_dtype_name(stored.dtype),
         shape=list(tensor.shape),
         raw=_raw_bytes(stored),
+        stored_shape=list(compact.shape) if compact is not tensor else None,
+        stride=list(compact.stride()) if permuted else None,
         width=stored.element_size(),
         lossy=applied,
-        original_bytes=tensor.numel() * tensor.element_size(),
+        original_bytes=compact.numel() * compact.element_size(),
     )
 
 
@@ -317,6 +334,7 @@ def save_state(
                 and candidate is not None
                 and entry["stored_dtype"] == item.stored_dtype
                 and entry["shape"] == item.shape
+                and entry.get("stored_shape") == item.stored_shape
                 and entry["chunk_bytes"] == item.chunk_bytes
             ):
                 item.base = candidate
@@ -326,7 +344,7 @@ def save_state(
             else:
                 candidates = (codec,)
             remembered = None
-            item.choice_key = choices.key(item.name, item.stored_dtype, item.shape,
+            item.choice_key = choices.key(item.name, item.stored_dtype, item.stored_shape or item.shape,
                                           base_kind if item.base is not None else None)
             if codec not in ("zstd", "lz4"):
                 remembered = choices.recall(*memory_key, item.choice_key, settings.resample_every)
@@ -404,6 +422,8 @@ def save_state(
                     "stored_dtype": item.stored_dtype,
                     "lossy": item.lossy,
                     "shape": item.shape,
+                    **({"stored_shape": item.stored_shape} if item.stored_shape is not None else {}),
+                    **({"stride": item.stride} if item.stride is not None else {}),
                     "nbytes": item.raw.size,
                     "codec": item.codec,
                     "planes": item.mask or None,
@@ -845,13 +865,16 @@ def _to_tensor(entry: dict, raw: np.ndarray):
     import torch
 
     dtype = _torch_dtype(entry["stored_dtype"])
+    held = entry.get("stored_shape")
     if raw.size == 0:
-        stored = torch.empty(entry["shape"], dtype=dtype)
+        stored = torch.empty(held if held is not None else entry["shape"], dtype=dtype)
     else:
-        stored = torch.from_numpy(raw).view(dtype).reshape(entry["shape"])
+        stored = torch.from_numpy(raw).view(dtype).reshape(held if held is not None else entry["shape"])
     if entry["stored_dtype"] != entry["dtype"]:
         stored = stored.to(_torch_dtype(entry["dtype"]))
-    return stored
+    if entry.get("stride") is not None:
+        stored = torch.empty_strided(stored.shape, entry["stride"], dtype=stored.dtype).copy_(stored)
+    return stored.expand(entry["shape"]) if held is not None else stored
 
 
 def resolve_step(store: Location, run: str, step: int | None) -> int:
@@ -894,7 +917,8 @@ def same_content(state: Any, manifest: dict) -> bool:
         return False
     for (name, tensor), entry in zip(named, manifest["tensors"], strict=True):
         item = _prepare(name, tensor, entry.get("lossy"), 1)
-        if name != entry["name"] or item.stored_dtype != entry["stored_dtype"] or item.shape != entry["shape"]:
+        if (name != entry["name"] or item.stored_dtype != entry["stored_dtype"] or item.shape != entry["shape"]
+                or item.stored_shape != entry.get("stored_shape")):  # strides are layout, not content
             return False
         start = 0
         for chunk in entry["chunks"]:

@@ -3,8 +3,8 @@
 `flatten(state)` gives a JSON-able skeleton in which every tensor is replaced by its index, and
 the tensors with unique, readable names (`model/fc.weight`, `optimizer/state/0/exp_avg`);
 `unflatten(skeleton, tensors)` rebuilds the same tree, as `torch.load(weights_only=True)` would
-give it back after `torch.save`. Scalars keep their exact type (int, float incl. nan/inf, bool,
-None, str, torch.dtype); dict keys may be str, int, float, bool or None.
+give it back after `torch.save`. Scalars keep their exact type and value (int, float incl. inf and
+every NaN bit for bit, bool, None, str, torch.dtype); dict keys may be str, int, float, bool or None.
 
 What the skeleton records besides values (JSON, never pickle):
 - `{"dict": [[key, value], ...]}`, plus `"class": "OrderedDict"` for an OrderedDict and
@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import math
 import re
+import struct
 from collections import OrderedDict
 from typing import Any
 
@@ -41,6 +42,8 @@ ORDERED = "OrderedDict"
 SIZE = "Size"  # the class of a tuple node holding a torch.Size
 LEAF_FLAGS = ("parameter", "requires_grad")  # leaf attributes, recorded only when true
 QUANTIZED_DTYPES = ("quint8", "qint8", "qint32")
+UNREADABLE_DTYPES = ("q", "bits")  # dtype name prefixes a manifest never holds: quantized (stored as
+# their int_repr and quantizer) and the untyped bits* dtypes
 PER_TENSOR = ("per_tensor_affine",)
 PER_CHANNEL = ("per_channel_affine", "per_channel_affine_float_qparams")
 EXACT_SUFFIXES = ("step", ":q_scales", ":q_zero_points")
@@ -61,9 +64,9 @@ def _scalar(value: Any, where: str) -> dict:
     if isinstance(value, bool):
         return {"bool": value}
     if isinstance(value, int):
-        return {"int": str(value)}  # str: JSON readers elsewhere may not keep big ints exact
+        return {"int": int.__repr__(value)}  # text: JSON readers elsewhere may not keep big ints exact
     if isinstance(value, float):
-        return {"float": repr(value) if not math.isfinite(value) else value}
+        return {"float": _float_text(value) if not math.isfinite(value) else value}
     if isinstance(value, str):
         return {"str": value}
     if type(value).__module__ == "torch" and type(value).__name__ == "dtype":  # e.g. in quantized modules
@@ -81,6 +84,27 @@ def _scalar(value: Any, where: str) -> dict:
     )
 
 
+def _key(key: Any, where: str) -> dict:
+    """The node of dict key `key` (a scalar); UsageError naming the key and its dict otherwise."""
+    try:
+        return _scalar(key, where)
+    except UsageError:
+        raise UsageError(f"cannot store the dict key {str(key)[:80]!r} (a {type(key).__name__}) of "
+                         f"{where or '/'} in a checkpoint",
+                         hint="a checkpoint's dict keys are strings, ints, floats, bools, None or dtypes: "
+                         "use str(key) instead") from None
+
+
+def _float_text(value: float) -> str:
+    """A non-finite float as text: "inf", "-inf", "nan" (the canonical NaN), or "nan:<its 8 bytes,
+    big-endian hex>" for any other NaN (negative, with a payload, signalling), which reads back
+    bit for bit as `torch.load` gives it."""
+    if value == value:
+        return float.__repr__(value)  # "inf" for a float subclass too (numpy.float64's repr is "np.float64(inf)")
+    bits = struct.pack(">d", value)
+    return "nan" if bits == _CANONICAL_NAN else f"{NAN_BITS}{bits.hex()}"
+
+
 def _scalar_value(node: dict) -> Any:
     if "none" in node:
         return None
@@ -89,7 +113,10 @@ def _scalar_value(node: dict) -> Any:
     if "int" in node:
         return int(node["int"])
     if "float" in node:
-        return float(node["float"])
+        text = node["float"]
+        if isinstance(text, str) and text.startswith(NAN_BITS):
+            return struct.unpack(">d", bytes.fromhex(text.removeprefix(NAN_BITS)))[0]
+        return float(text)
     if "str" in node:
         return str(node["str"])
     if "torch_dtype" in node:
@@ -109,6 +136,9 @@ reader alike: `save` refuses a longer one up front (UsageError naming its key pa
 own int/str conversion limit (4300 digits by default), so any interpreter reads it back."""
 _INT_TEXT = re.compile(rf"^-?[0-9]{{1,{MAX_INT_DIGITS}}}$")
 _FLOAT_TEXT = ("nan", "inf", "-inf")
+NAN_BITS = "nan:"  # a NaN other than the canonical one, by its bits (`_float_text`)
+_NAN_TEXT = re.compile(r"nan:[0-9a-f]{16}")
+_CANONICAL_NAN = struct.pack(">d", math.nan)
 
 
 def tree_problem(skeleton: Any, tensor_count: int) -> tuple[str, str] | None:
@@ -165,7 +195,8 @@ _SCALAR_CHECKS = {  # what each scalar node kind may hold (as `_scalar` writes i
     "none": lambda v: v is True,
     "bool": lambda v: isinstance(v, bool),
     "int": lambda v: isinstance(v, str) and bool(_INT_TEXT.match(v)),
-    "float": lambda v: (isinstance(v, int | float) and not isinstance(v, bool)) or v in _FLOAT_TEXT,
+    "float": lambda v: ((isinstance(v, int | float) and not isinstance(v, bool)) or v in _FLOAT_TEXT
+                        or (isinstance(v, str) and bool(_NAN_TEXT.fullmatch(v)))),
     "str": lambda v: isinstance(v, str),
     "torch_dtype": lambda v: isinstance(v, str),
 }
@@ -279,7 +310,7 @@ def flatten(state: Any) -> tuple[Any, list[tuple[str, Any]]]:
         if isinstance(value, dict):
             items = []
             for key, item in value.items():
-                items.append([_scalar(key, path), walk(item, f"{path}/{key}" if path else str(key), depth + 1)])
+                items.append([_key(key, path), walk(item, f"{path}/{key}" if path else str(key), depth + 1)])
             node: dict[str, Any] = {"dict": items}
             if isinstance(value, OrderedDict):
                 node["class"] = ORDERED
@@ -311,6 +342,18 @@ def _data_key(tensor: Any) -> tuple | None:
             tuple(tensor.stride()), tensor.dtype, tensor.is_conj(), tensor.is_neg())
 
 
+def unbroadcast(tensor: Any) -> Any:
+    """`tensor` with each broadcast dimension (stride 0, size > 1: `x.expand(...)`) narrowed to
+    size 1, a view holding each of its distinct elements once (`.expand(tensor.shape)` gives it
+    back); `tensor` itself when it has none or no elements."""
+    compact = tensor
+    if tensor.numel():
+        for dim, (size, step) in enumerate(zip(tensor.shape, tensor.stride(), strict=True)):
+            if step == 0 and size > 1:
+                compact = compact.narrow(dim, 0, 1)
+    return compact
+
+
 def _check_dense(tensor: Any, path: str) -> None:
     import torch
 
@@ -318,6 +361,11 @@ def _check_dense(tensor: Any, path: str) -> None:
         layout = "nested" if tensor.is_nested else str(tensor.layout).removeprefix("torch.")
         raise UsageError(f"cannot store the {layout} tensor at {path or '/'} in a checkpoint",
                          hint="store dense tensors: save tensor.to_dense() (or its indices and values) instead")
+    dtype = str(tensor.dtype).removeprefix("torch.")
+    if not tensor.is_quantized and dtype.startswith(UNREADABLE_DTYPES):
+        raise UsageError(f"cannot store the {dtype} tensor at {path or '/'} in a checkpoint",
+                         hint="view its bytes as an integer dtype of the same size (e.g. tensor.view(torch.uint8)) "
+                         "and save that")
     is_functional = getattr(torch, "_is_functional_tensor", None)
     if tensor.is_meta or (is_functional is not None and is_functional(tensor)):
         kind = "meta" if tensor.is_meta else "functional"

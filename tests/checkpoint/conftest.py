@@ -96,7 +96,8 @@ def assert_same(a, b, where="state"):
                 assert_same(a.q_per_channel_scales(), b.q_per_channel_scales(), f"{where}:scales")
                 assert_same(a.q_per_channel_zero_points(), b.q_per_channel_zero_points(), f"{where}:zero_points")
             a, b = a.int_repr(), b.int_repr()
-        assert torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8)), f"{where}: bytes differ"
+        a, b = (t.clone(memory_format=torch.contiguous_format).reshape(-1).view(torch.uint8) for t in (a, b))
+        assert torch.equal(a, b), f"{where}: bytes differ"
     elif isinstance(a, dict):
         assert list(a.keys()) == list(b.keys()), f"{where}: keys {list(a)} vs {list(b)}"
         for key in a:
