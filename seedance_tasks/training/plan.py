@@ -83,18 +83,41 @@ def _busbw(value: object, path: str, where: str) -> dict[str, float]:
     return table
 
 
-@lru_cache(maxsize=8)
-def _load(path: str) -> tuple[dict[str, Profile], dict[str, dict[str, str]]]:
+PROFILES_FILE_HINT = "training.profiles_file names the NCCL profiles file (null: config/nccl_profiles.yaml)"
+
+
+def _read_profiles(path: str) -> Any:
+    """The YAML value of the profiles file `path`, read with the settings' loader (`config.load_yaml`:
+    a key given twice, an alias bomb or a value YAML cannot build is refused naming its line); any
+    unreadable, oversized, non-UTF-8 or invalid file is a ConfigError naming it, with a hint."""
+    from seedance_tasks.config import MAX_CONFIG_BYTES, load_yaml
+
     try:
-        data = yaml.safe_load(Path(path).read_text()) or {}
+        with open(path, "rb") as handle:
+            raw = handle.read(MAX_CONFIG_BYTES + 1)
+        if len(raw) > MAX_CONFIG_BYTES:
+            raise ConfigError(f"NCCL profiles file {path} is larger than {MAX_CONFIG_BYTES // 1024**2} MiB",
+                              hint=PROFILES_FILE_HINT + "; it holds a few KiB of YAML")
+        return load_yaml(raw.decode("utf-8")) or {}
     except FileNotFoundError:
-        raise ConfigError(f"NCCL profiles file not found: {path}") from None
+        raise ConfigError(f"NCCL profiles file not found: {path}", hint=f"check the path; {PROFILES_FILE_HINT}") from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read NCCL profiles file {path}: {exc.strerror or exc}",
+                          hint=f"check the path and its permissions; {PROFILES_FILE_HINT}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"NCCL profiles file {path} is not UTF-8 text (byte {exc.start} cannot be decoded)",
+                          hint="save it as UTF-8 YAML; " + PROFILES_HINT) from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"NCCL profiles file {path} is not valid YAML: {yaml_problem(exc)}", hint=YAML_HINT) from None
+
+
+@lru_cache(maxsize=8)
+def _load(path: str) -> tuple[dict[str, Profile], dict[str, dict[str, str]]]:
+    data = _read_profiles(path)
     data = _mapping(data, path, "the file")
     unknown = set(data) - {"common", "profiles"}
     if unknown:
-        raise ConfigError(f"{path}: unknown top-level key(s) {sorted(unknown)}")
+        raise ConfigError(f"{path}: unknown top-level key(s) {sorted(unknown)}", hint=PROFILES_HINT)
     # validate gives the values as the environment holds them (YAML's true/yes: 1, never "True")
     common = {key: envvars.validate(_mapping(value, path, f"common.{key}"), source=f"{path}: common.{key}")
               for key, value in _mapping(data.get("common"), path, "common").items()}
@@ -104,7 +127,7 @@ def _load(path: str) -> tuple[dict[str, Profile], dict[str, dict[str, str]]]:
         body = _mapping(body, path, f"profile {name!r}")
         extra = set(body) - allowed
         if extra:
-            raise ConfigError(f"{path}: profile {name!r} has unknown key(s) {sorted(extra)}")
+            raise ConfigError(f"{path}: profile {name!r} has unknown key(s) {sorted(extra)}", hint=PROFILES_HINT)
         env = envvars.validate(_mapping(body.get("env"), path, f"profile {name!r} key env"),
                                source=f"{path}: profile {name}")
         # placeholders are checked with a representative value
@@ -123,7 +146,7 @@ def _load(path: str) -> tuple[dict[str, Profile], dict[str, dict[str, str]]]:
             source=_list(body.get("source"), path, f"profile {name!r} key source"),
         )
     if not profiles:
-        raise ConfigError(f"{path}: no profiles")
+        raise ConfigError(f"{path}: no profiles", hint=PROFILES_HINT)
     return profiles, common
 
 

@@ -219,3 +219,127 @@ def test_a_number_of_thousands_of_digits_is_refused_as_too_large(kind):
         with pytest.raises(UsageError, match="too large|negative") as info:
             parse(value)
         assert len(info.value.message) < 120
+
+
+def _number_keys(model, path: list[str]):
+    """The dotted keys of every int or float setting (sizes and durations included) under `model`."""
+    import inspect
+
+    from pydantic import BaseModel
+
+    for name, field in model.model_fields.items():
+        annotation = field.annotation
+        if inspect.isclass(annotation) and issubclass(annotation, BaseModel):
+            yield from _number_keys(annotation, [*path, name])
+        elif annotation in (int, float, int | None, float | None):
+            yield ".".join([*path, name])
+
+
+def _every_number_key() -> list[str]:
+    from seedance_tasks.config import SECTIONS, section_model
+
+    return [key for name in SECTIONS for key in _number_keys(section_model(name), [name])]
+
+
+@pytest.mark.parametrize("word", ["yes", "true", "on", "no"])
+def test_a_yaml_boolean_is_refused_by_every_number_setting_naming_the_key(tmp_path, word):
+    """pydantic reads True as 1 (`workers: yes` would run one worker): every int, float, size and
+    duration of every section refuses a boolean, from the file and from an override."""
+    keys = _every_number_key()
+    assert len(keys) > 40 and "compaction.workers" in keys and "storage.s3.max_attempts" in keys
+    for key in keys:
+        *parents, last = key.split(".")
+        text = "".join(f"{'  ' * depth}{part}:\n" for depth, part in enumerate(parents))
+        with pytest.raises(ConfigError) as info:
+            load_settings(_config(tmp_path, text + f"{'  ' * len(parents)}{last}: {word}\n"), environ={})
+        assert f"'{key}': must be a number, not a boolean" in info.value.message, (key, info.value.message)
+    variable = "SEEDANCE__COMPACTION__WORKERS"
+    with pytest.raises(ConfigError) as info:
+        load_settings(environ={variable: word})
+    assert f"'compaction.workers' (from {variable}): must be a number, not a boolean" in info.value.message
+
+
+def test_a_boolean_inside_a_list_or_mapping_of_numbers_is_refused_and_booleans_stay_booleans():
+    from pydantic import ValidationError
+
+    from seedance_tasks.settings_base import StrictModel
+
+    class Section(StrictModel):
+        sizes: list[int] = []
+        weights: dict[str, float | None] = {}
+        flag: bool = False
+        either: int | bool = 0
+
+    for values in ({"sizes": [1, True]}, {"weights": {"a": 1.5, "b": False}}):
+        with pytest.raises(ValidationError, match="must be a number, not a boolean"):
+            Section.model_validate(values)
+    section = Section.model_validate({"sizes": [1, 2], "weights": {"a": None}, "flag": True, "either": True})
+    assert section.flag is True and section.either is True and section.sizes == [1, 2]
+    with pytest.raises(ValidationError, match="must be a number, not a boolean"):
+        section.sizes = [False]  # validated on assignment too
+
+
+@pytest.mark.parametrize(("text", "said"), [
+    ("shards:\n  shard_size: 0\n", "'shards.shard_size': must be at least 4KiB"),
+    ("shards:\n  shard_size: 4095\n", "'shards.shard_size': must be at least 4KiB"),
+    ("shards:\n  max_member_size: 0\n", "'shards.max_member_size': must be a positive size"),
+])
+def test_a_shard_size_the_build_cannot_use_is_refused_in_the_config(tmp_path, text, said):
+    with pytest.raises(ConfigError) as info:
+        load_settings(_config(tmp_path, text), environ={})
+    assert said in info.value.message and info.value.hint
+
+
+def test_the_shard_size_option_and_the_config_share_one_bound():
+    from seedance_tasks.config import section_with
+    from seedance_tasks.shards.settings import MIN_SHARD_SIZE, ShardSettings
+
+    assert section_with(ShardSettings(), {"shard_size": "4KiB"}).shard_size == MIN_SHARD_SIZE
+    with pytest.raises(ConfigError) as info:
+        section_with(ShardSettings(), {"shard_size": "0"})
+    assert "'shard_size': must be at least 4KiB" in info.value.message
+
+
+@pytest.mark.parametrize(("codec", "level", "ok"), [
+    ("zstd", -99, True), ("zstd", 22, True), ("zstd", 23, False), ("zstd", 999, False), ("zstd", -(10**6), False),
+    ("gzip", 9, True), ("gzip", 10, False), ("gzip", -99, False), ("lz4", 12, True), ("lz4", 13, False),
+    ("snappy", 1, False), ("none", 1, False), ("snappy", None, True), ("none", None, True),
+])
+def test_a_compression_level_is_bounded_by_what_its_codec_takes(tmp_path, codec, level, ok):
+    """Parquet's writer fails late (gzip 10, snappy with any level) or clamps silently (zstd 999):
+    a level outside pyarrow's range for the codec is refused when the settings are read."""
+    import pyarrow as pa
+
+    from seedance_tasks.compaction.settings import codec_level_problem
+
+    text = f"compaction:\n  compression: {codec}\n  compression_level: {'null' if level is None else level}\n"
+    if ok:
+        assert load_settings(_config(tmp_path, text), environ={}).compaction.compression_level == level
+        return
+    with pytest.raises(ConfigError) as info:
+        load_settings(_config(tmp_path, text), environ={})
+    assert f"compression_level {level}: compression '{codec}' takes" in info.value.message, info.value.message
+    if codec != "none" and pa.Codec.supports_compression_level(codec):
+        low, high = pa.Codec.minimum_compression_level(codec), pa.Codec.maximum_compression_level(codec)
+        assert f"from {low} to {high}" in info.value.message and codec_level_problem(codec, low) is None
+
+
+@pytest.mark.parametrize(("key", "value"), [
+    ("workers", "9" * 4000), ("workers", "1025"), ("workers", "-1"),
+    ("s3_get_price_per_1000", "NaN"), ("s3_get_price_per_1000", ".nan"), ("s3_get_price_per_1000", ".inf"),
+    ("s3_get_price_per_1000", "'-0.01'"), ("s3_get_price_per_1000", "abc"), ("s3_get_price_per_1000", "1e30"),
+    ("s3_requests_per_file_per_month", "9" * 100),
+])
+def test_compaction_counts_and_prices_are_bounded_and_finite(tmp_path, key, value):
+    with pytest.raises(ConfigError) as info:
+        load_settings(_config(tmp_path, f"compaction:\n  {key}: {value}\n"), environ={})
+    assert f"'compaction.{key}'" in info.value.message and len(info.value.message) < 400, info.value.message
+
+
+def test_the_get_price_is_exact_from_text_or_a_yaml_number(tmp_path):
+    from decimal import Decimal
+
+    for text in ("0.0004", "'0.0004'", "0"):
+        price = load_settings(_config(tmp_path, f"compaction:\n  s3_get_price_per_1000: {text}\n"),
+                              environ={}).compaction.s3_get_price_per_1000
+        assert price == Decimal(text.strip("'")) and str(price) == text.strip("'")

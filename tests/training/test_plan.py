@@ -369,3 +369,41 @@ def test_a_bad_value_gets_a_value_hint_and_a_bad_name_a_name_hint():
     with pytest.raises(UsageError) as both:
         envvars.validate({"NCCL_RING_ALGO": "ring", "NCCL_P2P_LEVEL": "NODE"})
     assert "set only variables" in both.value.hint and "value its library accepts" in both.value.hint
+
+
+@pytest.mark.parametrize(("body", "said"), [
+    ("profiles:\n  mine: {env: {}}\n  mine: {env: {}}\n", "line 3, column 3: key 'mine' is given twice (first on line 2)"),
+    ("profiles: &a\n  mine: *a\n", "line 1: an alias refers to the value that holds it"),
+    ("profiles:\n  mine:\n    env: {NCCL_DEBUG: INFO}\n    notes: [2026-02-30]\n", "line 4, column 13: not a date"),
+])
+def test_a_profiles_file_is_read_with_the_hardened_loader_naming_the_line(tmp_path, body, said):
+    """yaml.safe_load keeps the last of a profile given twice, loops on a self-referring alias and
+    raises a bare ValueError on 2026-02-30: each is a ConfigError naming the file and the line."""
+    path = tmp_path / "profiles.yaml"
+    path.write_text(body)
+    with pytest.raises(ConfigError) as caught:
+        load_profiles(path)
+    assert str(path) in caught.value.message and said in caught.value.message, caught.value.message
+    assert caught.value.hint
+
+
+@pytest.mark.parametrize("where", ["missing", "directory", "latin-1", "/dev/zero"])
+def test_a_profiles_file_that_cannot_be_read_is_a_config_error_with_a_hint(tmp_path, where):
+    path = {"missing": tmp_path / "nope.yaml", "directory": tmp_path, "/dev/zero": "/dev/zero"}.get(
+        where, tmp_path / "latin.yaml")
+    if where == "latin-1":
+        path.write_bytes("profiles:\n  caf\xe9: {env: {}}\n".encode("latin-1"))
+    with pytest.raises(ConfigError) as caught:
+        load_profiles(path)
+    assert str(path) in caught.value.message and caught.value.hint, caught.value.message
+
+
+@pytest.mark.parametrize(("args", "said"), [
+    (["--topology", "/nonexistent/topo.txt"], "topology file /nonexistent/topo.txt: not found"),
+    (["--topology", "."], "is a directory, not a topology file"),
+    (["--set", "NCCL_DEBUG"], "--set 'NCCL_DEBUG': expected NAME=value"),
+])
+def test_cli_plan_on_a_missing_topology_or_a_set_without_a_value_says_what_to_do(args, said):
+    result = CliRunner().invoke(app, ["train", "plan", *args])
+    assert result.exit_code == 2 and said in result.output, result.output
+    assert "hint:" in result.output and "Traceback" not in result.output, result.output
