@@ -188,6 +188,16 @@ def one_line(text: str) -> str:
     return " ".join(str(text).split())
 
 
+_MARKDOWN_SPECIAL = re.compile(r"([\\`*_{}\[\]()<>#+\-.!|~&])")
+
+
+def markdown_literal(text: str) -> str:
+    """`text` (a name, an id from data) shown as itself inside Markdown: on one line, every character
+    Markdown or HTML would act on backslash-escaped, so it cannot become a link, an image (a remote
+    fetch), emphasis or a heading where a person reads it (Airflow's required-action requests)."""
+    return _MARKDOWN_SPECIAL.sub(r"\\\1", one_line(utf8(str(text))))
+
+
 def send_email(to: list[str], subject: str, text: str, settings: NotificationSettings, context=None) -> None:
     """Mail `text` to `to`: through SmtpNotifier and `settings.smtp_conn_id` if set, else plain SMTP
     from `settings.smtp`. The subject is sent as `one_line`; a recipient that is not one `name@host`

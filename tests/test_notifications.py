@@ -224,3 +224,27 @@ def test_a_message_naming_a_file_whose_name_is_not_utf8_is_sent(monkeypatch, thr
         send_email(["owner@example.com"], f"quarantined {name}", f"file {name} was quarantined", settings)
     [mail] = inbox.messages
     assert mail.subject == "quarantined lake/p=\\xff" and "file lake/p=\\xff was quarantined" in mail.body
+
+
+@pytest.mark.parametrize("name", [
+    "[Confirm here](https://evil.example)", "![x](https://tracker.example/p.gif)", "<img src=x onerror=alert(1)>",
+    "**bold** _it_ `code` # heading", "team\n\n# Approve now", "a\\b*c", "<https://evil.example>",
+])
+def test_a_name_from_data_in_markdown_is_shown_as_itself_never_as_markup(name):
+    from html import escape as html_escape
+
+    from markdown_it import MarkdownIt
+
+    from seedance_tasks.cost.actions import _confirmation_body
+    from seedance_tasks.notifiers import markdown_literal, one_line
+
+    html = MarkdownIt("gfm-like", {"linkify": False}).render(f"**{markdown_literal(name)}** is charged")
+    assert "<a " not in html and "<img" not in html and "<h1" not in html and "<code" not in html
+    assert "<em>" not in html and html.count("<strong>") == 1
+    shown = MarkdownIt("commonmark").render(markdown_literal(name))  # the text a person reads: the name itself
+    assert shown == f"<p>{html_escape(one_line(name), quote=False)}</p>\n"
+    body = _confirmation_body("2026-10", name, {"charges": {name: {"USD": "12.5"}}, "idle": [
+        {"owner": name, "resource_id": "i-1](https://evil.example)"}]},
+        {"deduct_day": "2026-11-04", "confirm_by": "2026-11-03T12:00:00+00:00"})
+    rendered = MarkdownIt("gfm-like", {"linkify": False}).render(body)
+    assert "<a " not in rendered and "<img" not in rendered

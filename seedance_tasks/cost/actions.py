@@ -25,6 +25,7 @@ from seedance_tasks.cost.budget_ledger import BudgetLedger, Entry, entry
 from seedance_tasks.cost.money import display, rounded
 from seedance_tasks.cost.workdays import Clock, WorkCalendar, close_instant, month_close
 from seedance_tasks.errors import InputError, UsageError
+from seedance_tasks.notifiers import markdown_literal
 
 CONFIRM, DISPUTE = "Confirm", "Dispute"
 UNALLOCATED = "unallocated"
@@ -203,8 +204,8 @@ def plan(*, month: str, out: str, owners: str | None = None, apply: bool = False
 
 
 def _confirmation_body(month: str, owner: str, found: dict[str, Any], deadlines: dict[str, Any]) -> str:
-    idle = [item["resource_id"] for item in found["idle"] if item.get("owner") == owner]
-    lines = [f"**{owner}** is charged **{_money(found['charges'][owner])}** for {month}.", "",
+    idle = [markdown_literal(item["resource_id"]) for item in found["idle"] if item.get("owner") == owner]
+    lines = [f"**{markdown_literal(owner)}** is charged **{_money(found['charges'][owner])}** for {month}.", "",
              f"*{CONFIRM}*: the amount is deducted from your budget pool on {deadlines['deduct_day']} "
              f"(working day {_settings().actions.deduct_on_working_day} after the close). *{DISPUTE}*: nothing is "
              "deducted; FinOps reviews the statement with you. Give a reason either way.",
