@@ -29,12 +29,11 @@ from airflow.sdk import Param, dag, get_current_context, task
 
 from seedance_tasks.cost.actions_airflow import DeadlineSensor, OwnerConfirmation, OwnerReminders
 from seedance_tasks.cost.assets import COST_STATEMENTS
-from seedance_tasks.cost.workdays import MONTH_PATTERN
+from seedance_tasks.cost.workdays import MONTH_FORM_PATTERN
 from seedance_tasks.dag_support import DEFAULT_ARGS, from_config, optional_param, tags
 
-# `workdays.MONTH_PATTERN` (ASCII digits: `\d` would let the form pass ٢٠٢٤-٠٩, which the task refuses),
-# or empty; its end is the true end (Python's `$` also matches before a final "\n")
-MONTH_FORM_PATTERN = rf"^(?:{MONTH_PATTERN.removeprefix('^').removesuffix('$')})?(?![\s\S])"
+# a month as the task takes it (ASCII digits only), or empty: the event's month
+MONTH_OR_EMPTY = rf"^(?:{MONTH_FORM_PATTERN.removeprefix('^')})?(?![\s\S])"
 
 
 @dag(
@@ -49,7 +48,7 @@ MONTH_FORM_PATTERN = rf"^(?:{MONTH_PATTERN.removeprefix('^').removesuffix('$')})
     params={
         "month": optional_param("Month", "The closed month (YYYY-MM) to act on.",
                                 empty="the triggering event's month, else the last closed month",
-                                section="Month", pattern=MONTH_FORM_PATTERN),
+                                section="Month", pattern=MONTH_OR_EMPTY),
         "out": optional_param("Output root", "The cost outputs root holding `month=YYYY-MM/summary.json`.",
                               empty="the event's, else " + from_config("cost.out_uri") + " (none set: skipped)",
                               section="Inputs"),

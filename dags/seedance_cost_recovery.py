@@ -31,7 +31,7 @@ import pendulum
 from airflow.sdk import CronDataIntervalTimetable, Param, dag, get_current_context, task
 
 from seedance_tasks.cost.assets import COST_STATEMENTS
-from seedance_tasks.cost.workdays import MONTH_PATTERN
+from seedance_tasks.cost.workdays import MONTH_FORM_PATTERN
 from seedance_tasks.dag_support import DEFAULT_ARGS, from_config, optional_param, tags
 
 
@@ -46,7 +46,7 @@ from seedance_tasks.dag_support import DEFAULT_ARGS, from_config, optional_param
     doc_md=__doc__,
     params={
         "month": Param(
-            None, type=["null", "string"], pattern=MONTH_PATTERN, title="Month",
+            None, type=["null", "string"], pattern=MONTH_FORM_PATTERN, title="Month",
             description="YYYY-MM to recover; empty: the run's data interval (the previous month).",
             section="Month",
         ),

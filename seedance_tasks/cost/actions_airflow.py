@@ -26,7 +26,7 @@ NO_DEFER_WITHIN = timedelta(seconds=10)  # a wait shorter than this is slept in 
 
 def _month_root(uri: str | None) -> str | None:
     """The outputs root of an event's `out` (OUT/month=YYYY-MM -> OUT)."""
-    return re.sub(r"/month=\d{4}-\d{2}/?$", "", uri) if uri else None
+    return re.sub(r"/month=[0-9]{4}-[0-9]{2}/?$", "", uri) if uri else None
 
 
 def _last_closed_month(context: dict[str, Any]) -> str:

@@ -67,6 +67,10 @@ MONTH_PATTERN = r"^[0-9]{4}-(0[1-9]|1[0-2])$"
 """A month, YYYY-MM, as a JSON-schema / pydantic pattern (ASCII digits only); `parse_month` also
 checks its range."""
 MONTH_RE = re.compile(MONTH_PATTERN)
+MONTH_FORM_PATTERN = r"^[0-9]{4}-(0[1-9]|1[0-2])(?![\s\S])"
+"""MONTH_PATTERN for a trigger form's JSON schema, checked by Python's `re.search` (jsonschema)
+and the browser's RegExp alike: nothing may follow the month (Python's `$` also matches before a
+final newline, which `parse_month` refuses)."""
 LAST_MONTH = "9998-12"
 """The last month Seedance takes: a later one's deadlines and bounds would pass year 9999."""
 

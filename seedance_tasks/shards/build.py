@@ -30,7 +30,7 @@ from seedance_tasks import faults, journal, lease, storage
 from seedance_tasks.errors import IntegrityError, RefusedError, UsageError
 from seedance_tasks.shards import index as shard_index
 from seedance_tasks.shards.checks import sample_checker
-from seedance_tasks.shards.settings import ShardSettings
+from seedance_tasks.shards.settings import MIN_SHARD_SIZE, ShardSettings
 from seedance_tasks.shards.sources import iter_source_samples, open_source, special_kind
 from seedance_tasks.shards.tario import END_OF_ARCHIVE, TarShardWriter, open_sink, sample_bytes
 
@@ -121,7 +121,7 @@ def build(
     settings = coerce_settings(settings)
     if check_decode is not None:
         settings = settings.model_copy(update={"check_decode": bool(check_decode)})
-    if settings.shard_size < 4 * 1024:
+    if settings.shard_size < MIN_SHARD_SIZE:  # settings made by model_copy skip the model's own check
         raise UsageError(f"shard size {settings.shard_size} bytes is too small", hint="use at least a few MiB")
     started = time.perf_counter()
     out_loc = storage.resolve(out)

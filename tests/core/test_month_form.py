@@ -42,7 +42,7 @@ def _parses(value: str) -> bool:
 
 
 MONTHS = ["2024-09", "2026-12", "٢٠٢٤-09", "２０２４-09", "२०२४-12", "٢٠٢٤-٠٩", "２０２４-０９", "२०२४-०९", "2024-٠٩",
-          "2024-9", "2024-13", "2024-00", "2024-09\n", " 2024-09", "x2024-09", "2024-09-01", "24-09"]
+          "2024-9", "2024-13", "2024-00", "2024-09\n", " 2024-09", "x2024-09", "2024-09-01", "24-09", "\n"]
 
 
 @pytest.mark.parametrize("value", MONTHS)
@@ -50,3 +50,10 @@ def test_the_actions_form_accepts_a_month_exactly_when_the_task_takes_it(value):
     schema = _month_schema("seedance_cost_actions")
     assert _accepts(schema, value) == _parses(value), (value, schema["pattern"])
     assert _accepts(schema, None) and _accepts(schema, "")  # empty: the event's month
+
+
+@pytest.mark.parametrize("value", MONTHS)
+def test_the_recovery_form_accepts_a_month_exactly_when_the_task_takes_it(value):
+    schema = _month_schema("seedance_cost_recovery")
+    assert _accepts(schema, value) == _parses(value), (value, schema["pattern"])
+    assert _accepts(schema, None)  # empty: the month before the run
