@@ -8,7 +8,9 @@ Each I/O thread streams one shard at a time (local or `s3://`, one sequential re
 checks every tar header as it goes (`shards.tario`). Only the image bytes travel to the worker
 processes; the sample's other members wait in the parent. Queues are bounded, so a slow consumer
 slows the readers down instead of filling memory. Every sample read comes out exactly once, as a
-`Processed` with either its array or the reason it failed. A shard that turns out hostile or
+`Processed` with either its array or the reason it failed; a worker process that dies on an image
+(a crash in the decoder, the OOM killer) fails only that image: its batch is decoded again, image
+by image, in a new pool (`WORKER_DIED`), and the run goes on. A shard that turns out hostile or
 unreadable (a RefusedError/InputError of the checked reader) either stops the pipeline with that
 error (`on_bad_shard="raise"`, the default) or comes out as one `ShardFailed` after the samples
 read from it before the problem, and the readers go on with the other shards
@@ -24,6 +26,7 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 
 from seedance_tasks.errors import InputError, RefusedError
@@ -32,6 +35,8 @@ from seedance_tasks.shards.index import ShardRef
 from seedance_tasks.shards.tario import iter_members, iter_samples
 
 _STOP = object()
+WORKER_DIED = ("error: the worker process decoding it died (killed, e.g. out of memory, or a crash in the "
+               "decoder); the other images of its batch were decoded again")
 
 
 @dataclass
@@ -197,6 +202,7 @@ class Pipeline:
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
         self._executor: ProcessPoolExecutor | None = None
+        self._executor_lock = threading.Lock()  # the consumer replaces a broken pool while the dispatcher submits
 
     # ------------------------------------------------------------------ I/O pool
     def _put(self, target: queue.Queue, item) -> bool:
@@ -259,9 +265,15 @@ class Pipeline:
             except queue.Empty:
                 if self._stop.is_set():
                     return False
-        images = [image for _number, _key, image, _members in batch]
-        future = self._executor.submit(process_batch, images, self.size, self.draft, self._slots[slot].name)
-        return self._put(self._results, (future, batch, slot))
+        images = [image for _number, _key, _ext, image, _members in batch]
+        with self._executor_lock:
+            executor = self._executor
+        try:
+            future = executor.submit(process_batch, images, self.size, self.draft, self._slots[slot].name)
+        except BrokenProcessPool as exc:  # a worker died; the consumer renews the pool when it gets this
+            future = Future()
+            future.set_exception(exc)
+        return self._put(self._results, (future, batch, slot, executor))
 
     def _dispatcher(self, readers: int) -> None:
         from seedance_tasks.preprocess.transform import image_extension
@@ -289,11 +301,12 @@ class Pipeline:
                 number, sample = item
                 ext = self.image_ext if self.image_ext in sample.members else image_extension(sample.members)
                 if ext is None:
-                    self._put(self._results, Processed(number, sample.key, None, "no JPEG/PNG member",
-                                                       sample.members))
+                    found = ", ".join(sorted(sample.members)) or "none"
+                    self._put(self._results, Processed(number, sample.key, None,
+                                                       f"no JPEG/PNG member (members: {found})", sample.members))
                     continue
                 others = {name: data for name, data in sample.members.items() if name != ext}
-                batch.append((number, sample.key, sample.members[ext], others))
+                batch.append((number, sample.key, ext, sample.members[ext], others))
                 if len(batch) >= self.batch_size:
                     if not self._submit(batch):
                         return
@@ -306,7 +319,6 @@ class Pipeline:
 
     # ------------------------------------------------------------------ consumer side
     def __iter__(self) -> Iterator[Processed | ShardDone | ShardFailed]:
-        import multiprocessing
         from multiprocessing import shared_memory
 
         started = time.perf_counter()
@@ -314,13 +326,7 @@ class Pipeline:
         self._slots = [shared_memory.SharedMemory(create=True, size=slot_bytes) for _ in range(self.cpu_workers + 2)]
         for slot in range(len(self._slots)):
             self._free_slots.put(slot)
-        context = multiprocessing.get_context("forkserver")
-        # The fork server imports numpy and PIL once; each worker forked from it shares them
-        # instead of importing them again (about 0.1 s of CPU per worker). No effect once the
-        # process's fork server runs.
-        context.set_forkserver_preload(["__main__", "seedance_tasks.preprocess.transform"])
-        self._executor = ProcessPoolExecutor(self.cpu_workers, mp_context=context, initializer=_pool_initializer,
-                                             initargs=(os.getpid(),))
+        self._executor = self._new_executor()
         work: queue.Queue = queue.Queue()
         for number in range(len(self.shards)):
             work.put(number)
@@ -344,29 +350,76 @@ class Pipeline:
                 if isinstance(item, ShardDone | ShardFailed | Processed):
                     yield item
                     continue
-                future, batch, slot = item
-                yield from self._unpack(future, batch, slot)
+                future, batch, slot, executor = item
+                yield from self._unpack(future, batch, slot, executor)
         finally:
             self.close()
             self.wall = time.perf_counter() - started
 
-    def _unpack(self, future: Future, batch: list, slot: int) -> Iterator[Processed]:
+    def _new_executor(self, workers: int | None = None) -> ProcessPoolExecutor:
+        import multiprocessing
+
+        context = multiprocessing.get_context("forkserver")
+        # The fork server imports numpy and PIL once; each worker forked from it shares them
+        # instead of importing them again (about 0.1 s of CPU per worker). No effect once the
+        # process's fork server runs.
+        context.set_forkserver_preload(["__main__", "seedance_tasks.preprocess.transform"])
+        return ProcessPoolExecutor(workers or self.cpu_workers, mp_context=context, initializer=_pool_initializer,
+                                   initargs=(os.getpid(),))
+
+    def _renew(self, broken: ProcessPoolExecutor) -> ProcessPoolExecutor:
+        """The pool to use now that `broken` lost a worker: a new one, unless already replaced."""
+        with self._executor_lock:
+            if self._stop.is_set():
+                raise RuntimeError("the pipeline was closed")
+            if self._executor is broken:
+                broken.shutdown(wait=False, cancel_futures=True)
+                self._executor = self._new_executor()
+            return self._executor
+
+    def _isolate(self, batch: list, broken: ProcessPoolExecutor) -> tuple[list, list[float]]:
+        """The entries of a batch whose worker died: each image decoded again alone, in a worker
+        of its own, so the one that kills its worker again is the only one reported
+        (`WORKER_DIED`), not its batch nor an image of another batch."""
+        from seedance_tasks.preprocess.transform import process_batch
+
+        self._renew(broken)  # for the dispatcher's next batches
+        alone = self._new_executor(1)
+        outputs, timings = [], [0.0, 0.0, 0.0, 0.0]
+        try:
+            for _number, _key, _ext, image, _members in batch:
+                try:
+                    (output,), times = alone.submit(process_batch, [image], self.size, self.draft).result()
+                except BrokenProcessPool:
+                    alone.shutdown(wait=False, cancel_futures=True)
+                    alone, output, times = self._new_executor(1), WORKER_DIED, [0.0, 0.0, 0.0, 0.0]
+                outputs.append(output)
+                timings = [total + more for total, more in zip(timings, times, strict=True)]
+        finally:
+            alone.shutdown(wait=True, cancel_futures=True)
+        return outputs, timings
+
+    def _unpack(self, future: Future, batch: list, slot: int, executor: ProcessPoolExecutor) -> Iterator[Processed]:
         nbytes = 3 * self.size * self.size
         try:
-            outputs, timings = future.result()
-            buffer = self._slots[slot].buf
-            outputs = [output if isinstance(output, str) else bytes(buffer[index * nbytes : (index + 1) * nbytes])
-                       for index, output in enumerate(outputs)]
-            del buffer  # no view may outlive the slot (close() unmaps it)
+            try:
+                outputs, timings = future.result()
+            except BrokenProcessPool:
+                outputs, timings = self._isolate(batch, executor)  # bytes or error strings: no slot used
+            else:
+                buffer = self._slots[slot].buf
+                outputs = [output if isinstance(output, str) else bytes(buffer[index * nbytes : (index + 1) * nbytes])
+                           for index, output in enumerate(outputs)]
+                del buffer  # no view may outlive the slot (close() unmaps it)
         finally:
             self._free_slots.put(slot)
         self.times.decode += timings[0]
         self.times.resize += timings[1]
         self.times.convert += timings[2]
         self.worker_cpu += timings[3]
-        for (number, key, _image, others), output in zip(batch, outputs, strict=True):
-            if isinstance(output, str):
-                yield Processed(number, key, None, output.removeprefix("error: "), others)
+        for (number, key, ext, _image, others), output in zip(batch, outputs, strict=True):
+            if isinstance(output, str):  # the reason names the member: `KEY.EXT: why`
+                yield Processed(number, key, None, f"{key}.{ext}: {output.removeprefix('error: ')}", others)
             else:
                 yield Processed(number, key, output, None, others)
 
@@ -375,9 +428,10 @@ class Pipeline:
         self._stop.set()
         for thread in self._threads:
             thread.join(timeout=5)
-        if self._executor is not None:
-            self._executor.shutdown(wait=True, cancel_futures=True)
-            self._executor = None
+        with self._executor_lock:
+            executor, self._executor = self._executor, None
+        if executor is not None:
+            executor.shutdown(wait=True, cancel_futures=True)
         for slot in self._slots:
             slot.close()
             slot.unlink()

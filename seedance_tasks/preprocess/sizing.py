@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import time
 
+from seedance_tasks.errors import InputError, RefusedError
 from seedance_tasks.preprocess.pipeline import available_cores
 from seedance_tasks.shards.index import ShardRef
 from seedance_tasks.shards.tario import iter_members, iter_samples
@@ -13,18 +14,24 @@ MAX_IO_WORKERS = 8
 
 
 def measure(shard: ShardRef, size: int, *, samples: int = 16, draft: bool = True) -> dict[str, float]:
-    """Seconds per sample to read (`io`, first sample's open latency included) and to transform (`cpu`)."""
+    """Seconds per sample to read (`io`, first sample's open latency included) and to transform (`cpu`).
+
+    Never raises for a hostile or unreadable shard (the pipeline quarantines it): it measures the
+    samples read before the problem, if any."""
     from seedance_tasks.preprocess.transform import image_extension, to_chw
 
     images = []
     started = time.perf_counter()
-    with shard.location.fs.open_input_stream(shard.location.path) as stream:
-        for sample in iter_samples(iter_members(stream, shard.uri), shard.uri):
-            ext = image_extension(sample.members)
-            if ext:
-                images.append(sample.members[ext])
-            if len(images) >= samples:
-                break
+    try:
+        with shard.location.fs.open_input_stream(shard.location.path) as stream:
+            for sample in iter_samples(iter_members(stream, shard.uri), shard.uri):
+                ext = image_extension(sample.members)
+                if ext:
+                    images.append(sample.members[ext])
+                if len(images) >= samples:
+                    break
+    except (InputError, RefusedError):  # a hostile or broken shard is the pipeline's to quarantine
+        pass  # the samples read before the problem still measure
     read = (time.perf_counter() - started) / max(1, len(images))
     started = time.perf_counter()
     done = 0
@@ -34,7 +41,7 @@ def measure(shard: ShardRef, size: int, *, samples: int = 16, draft: bool = True
             done += 1
         except Exception:  # a bad image is the pipeline's to report; here it only skews the estimate
             pass
-    cpu = (time.perf_counter() - started) / max(1, done)
+    cpu = (time.perf_counter() - started) / done if done else 0.0  # 0: nothing measured, ratio 1
     return {"io": read, "cpu": cpu}
 
 

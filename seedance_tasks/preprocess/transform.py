@@ -3,6 +3,22 @@
 Runs in the CPU pool's worker processes, so it imports only PIL and numpy. JPEGs are decoded at
 reduced size where that still leaves the short side >= SIZE (libjpeg's DCT scaling through PIL's
 `draft`), which is most of the speed-up on photos larger than the target.
+
+What an image becomes, the same with or without `draft` and in or out of the pool:
+- Formats: the bytes decide, not the member's extension. JPEG (also CMYK/YCCK Adobe JPEGs and
+  MPO, whose first picture is used) and PNG are accepted; anything else (GIF, WebP, TIFF, BMP,
+  non-image bytes) fails, naming the format found.
+- Transparency (RGBA, LA, a palette or grey/RGB PNG with a tRNS chunk) is composited over
+  `ALPHA_BACKGROUND` (white), so what transparent pixels hold underneath never shows.
+- 16-bit grey PNGs keep their tones (scaled to 8 bits), instead of PIL's clipping to white.
+- An EXIF orientation tag (2-8) is applied, as `ImageOps.exif_transpose` and photo viewers do:
+  a phone photo comes out upright. A malformed EXIF block is ignored (orientation 1).
+- A truncated image fails, whatever the process set `ImageFile.LOAD_TRUNCATED_IMAGES` to (a
+  training script often sets it; the pool's workers import that script).
+- An image declaring more than `MAX_PIXELS` pixels fails from its header, before anything is
+  decoded, whatever `Image.MAX_IMAGE_PIXELS` says.
+- Images smaller than SIZE (down to 1x1) and extreme aspect ratios are upscaled from their
+  center square.
 """
 
 from __future__ import annotations
@@ -12,9 +28,16 @@ import math
 import time
 
 import numpy as np
-from PIL import Image
+from PIL import Image, ImageFile
 
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png")
+ALPHA_BACKGROUND = (255, 255, 255)  # what transparent pixels are composited over
+MAX_PIXELS = 178_956_970  # PIL's own refusal threshold at its default MAX_IMAGE_PIXELS
+_GRAY16 = ("I;16", "I;16B", "I;16L", "I;16N", "I")  # PIL's modes of a 16-bit grey PNG
+_ORIENTATION = 0x0112
+_TRANSPOSE = {2: Image.Transpose.FLIP_LEFT_RIGHT, 3: Image.Transpose.ROTATE_180, 4: Image.Transpose.FLIP_TOP_BOTTOM,
+              5: Image.Transpose.TRANSPOSE, 6: Image.Transpose.ROTATE_270, 7: Image.Transpose.TRANSVERSE,
+              8: Image.Transpose.ROTATE_90}
 
 
 def image_extension(extensions) -> str | None:
@@ -29,8 +52,9 @@ def to_chw(data: bytes, size: int, *, draft: bool = True, timings: list[float] |
            out: np.ndarray | None = None) -> np.ndarray:
     """`data` (JPEG or PNG bytes) as a uint8 array of shape (3, size, size).
 
-    The short side is resized to `size` (bilinear, with PIL's reducing gap) and the center cropped.
-    Raises an exception (PIL's or ValueError) for bytes that are not a decodable image.
+    The short side is resized to `size` (bilinear, with PIL's reducing gap) and the center cropped;
+    formats, transparency, 16-bit grey, EXIF orientation and limits as the module says. Raises an
+    exception (PIL's, OSError for a truncated image, or ValueError) for bytes it does not accept.
     `timings`, if given, gets [decode, resize, convert] seconds added; `out`, if given, is a
     uint8 (3, size, size) array the result is written into (and returned).
     """
@@ -39,18 +63,24 @@ def to_chw(data: bytes, size: int, *, draft: bool = True, timings: list[float] |
     if image.format not in ("JPEG", "PNG", "MPO"):
         raise ValueError(f"not a JPEG or PNG image ({image.format})")
     width, height = image.size
+    if width * height > MAX_PIXELS:
+        raise ValueError(f"{width}x{height} pixels is above the limit of {MAX_PIXELS:,} (a decompression bomb?)")
     if draft and image.format in ("JPEG", "MPO"):
         scale = size / min(width, height)
         image.draft("RGB", (math.ceil(width * scale), math.ceil(height * scale)))
-    image.load()  # decodes
-    if image.mode != "RGB":
-        image = image.convert("RGB")  # (convert() of an RGB image would only copy it)
+    _load_whole(image)
+    transpose = _TRANSPOSE.get(_orientation(image))
+    image = _rgb_or_rgba(image)
     t1 = time.perf_counter()
     width, height = image.size
     side = min(width, height)
     left, top = (width - side) / 2, (height - side) / 2
     image = image.resize((size, size), Image.Resampling.BILINEAR, box=(left, top, left + side, top + side),
                          reducing_gap=2.0 if side >= 2 * size else None)
+    if image.mode == "RGBA":  # resized premultiplied by PIL, so compositing now equals compositing first
+        image = Image.alpha_composite(Image.new("RGBA", image.size, ALPHA_BACKGROUND), image).convert("RGB")
+    if transpose is not None:  # cheaper on the SIZE x SIZE result than on the whole image, and the same picture
+        image = image.transpose(transpose)
     t2 = time.perf_counter()
     if out is None:
         array = np.ascontiguousarray(np.asarray(image).transpose(2, 0, 1))
@@ -63,6 +93,44 @@ def to_chw(data: bytes, size: int, *, draft: bool = True, timings: list[float] |
         timings[1] += t2 - t1
         timings[2] += t3 - t2
     return array
+
+
+def _load_whole(image: Image.Image) -> None:
+    """Decode `image`, raising OSError if its data is truncated even where the process set
+    `ImageFile.LOAD_TRUNCATED_IMAGES` (which would fill the missing part with grey)."""
+    lenient = ImageFile.LOAD_TRUNCATED_IMAGES
+    if not lenient:
+        image.load()
+        return
+    ImageFile.LOAD_TRUNCATED_IMAGES = False  # a module global of PIL's: no per-image switch
+    try:
+        image.load()
+    finally:
+        ImageFile.LOAD_TRUNCATED_IMAGES = lenient
+
+
+def _orientation(image: Image.Image) -> int:
+    """The EXIF orientation (1-8) of a loaded `image`; 1 when it has none or its EXIF is malformed."""
+    try:
+        orientation = image.getexif().get(_ORIENTATION, 1)
+    except Exception:  # noqa: BLE001 - PIL raises many kinds on a malformed EXIF block; the pixels are fine
+        return 1
+    return orientation if isinstance(orientation, int) else 1
+
+
+def _rgb_or_rgba(image: Image.Image) -> Image.Image:
+    """A loaded `image` as RGB, or as RGBA if it has transparency; 16-bit grey scaled to 8 bits."""
+    transparency = image.info.get("transparency")
+    if image.mode in _GRAY16:
+        values = np.asarray(image)
+        grey = np.clip(values >> 8, 0, 255).astype(np.uint8)
+        if isinstance(transparency, int):  # tRNS names one 16-bit grey level
+            alpha = np.where(values == transparency, 0, 255).astype(np.uint8)
+            return Image.fromarray(np.dstack([grey, grey, grey, alpha]), "RGBA")
+        return Image.fromarray(grey, "L").convert("RGB")
+    if transparency is not None or image.mode in ("RGBA", "LA", "PA", "RGBa", "La"):
+        return image.convert("RGBA")  # applies a tRNS chunk of P, L and RGB images too
+    return image if image.mode == "RGB" else image.convert("RGB")  # (converting RGB would only copy it)
 
 
 _ATTACHED: dict[str, object] = {}
@@ -104,7 +172,8 @@ def process_batch(images: list[bytes], size: int, draft: bool = True, slot: str 
                 to_chw(data, size, draft=draft, timings=timings, out=target)
                 out.append(None)
         except Image.UnidentifiedImageError:
-            out.append("error: not a decodable image (UnidentifiedImageError)")
+            start = "empty (0 bytes)" if not data else f"it starts {bytes(data[:16])!r}"
+            out.append(f"error: not a JPEG or PNG image, nor any image format PIL knows ({start})")
         except Exception as exc:  # any undecodable input is reported, not fatal
             out.append(f"error: {type(exc).__name__}: {exc}")
     del buffer

@@ -231,6 +231,22 @@ def test_an_s3_shard_found_hostile_as_it_streams_is_quarantined(tmp_path, good, 
     assert got == {name: (root / "reference" / name).read_bytes() for name in got}
 
 
+def test_a_first_shard_broken_where_the_pool_sizing_reads_is_quarantined_too(tmp_path, good):
+    """With the I/O threads measured (not given), the measurement reads the first shard's first
+    samples: a problem there (no pre-run check finds a keyless member) is the shard's, not the run's."""
+    root, _reference, _keys = good
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    first = (root / "shards" / "shard-000000.tar").read_bytes()
+    (shards / "shard-000000.tar").write_bytes(_sized("zz", 1).tobuf(format=tarfile.USTAR_FORMAT) + b"x".ljust(512, b"\0")
+                                              + first)
+    shutil.copy(root / "shards" / "shard-000001.tar", shards / "shard-000001.tar")
+    result = run(str(shards), str(tmp_path / "out"), settings=PreprocessSettings(size=SIZE, cpu_workers=1, batch_size=4))
+    assert [(q["name"], q["member"]) for q in result["quarantined"]] == [("shard-000000.tar", "zz")]
+    assert sorted(path.name for path in (tmp_path / "out").glob("*.tar")) == ["shard-000001.tar"]
+    assert "read" in result["pools_basis"]  # the pools were measured
+
+
 # --------------------------------------------------------------------------- crash safety
 
 TARGET = "seedance_tasks.preprocess.run:run"
