@@ -38,7 +38,7 @@ def run_command(
     naming the shard and the member, a `hint:`, a record in OUT/_seedance/quarantine/preprocess/;
     the shard itself is left where it is) and the other shards are processed and published: exit
     0, as compaction does when it quarantines a file. Only a run whose every shard is quarantined
-    fails (exit 3 if one was hostile, else 1). Outputs are published only when the run completes.
+    fails (exit 3 if one was hostile, else 1), or whose every sample failed (exit 1). Outputs are published only when the run completes.
     Finished shards are skipped on a rerun, and a run killed anywhere is finished or undone by the
     next one. One writer at a time per OUT: another is refused naming the holder (or waits, --wait).
     """
@@ -52,6 +52,14 @@ def run_command(
         result = run(shards, out, settings=settings, wait_s=wait_s, on_progress=bar.update)
     report_quarantined(result["quarantined"])
     emit(result, as_json, _render_run)
+    if result.get("samples_in") and not result.get("samples_out"):
+        from seedance_tasks.errors import InputError
+
+        first = result["failed"][0] if result["failed"] else {}
+        raise InputError(f"none of the {result['samples_in']:,} samples of {shards} could be preprocessed: every one "
+                         f"failed (the first, {first.get('key')!r}: {first.get('reason')})",
+                         hint="see the failed list above: JPEG and PNG images are taken; fix or convert the images, "
+                         "then run again on a new --out")
 
 
 def report_quarantined(quarantined: list[dict]) -> None:
