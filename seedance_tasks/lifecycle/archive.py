@@ -8,17 +8,21 @@ restore of every archived file a restore of the checkpoint reads (its chain incl
 
 from __future__ import annotations
 
+import functools
+
 from seedance_tasks import storage
 from seedance_tasks.checkpoint import catalog
 from seedance_tasks.checkpoint.catalog import explain_unreadable, object_state  # noqa: F401 - the catalog's
-from seedance_tasks.lifecycle import inventory, journaled
+from seedance_tasks.lifecycle import inventory, journaled, policy
 from seedance_tasks.lifecycle.settings import LifecycleSettings
 
 
 def chain_manifests(store, run: str, step: int, roots: list[str] | None = None) -> list[dict]:
-    """The validated manifest of `run`/`step` and of every base its restore reads."""
-    manifest = catalog.read_manifest(store, run, step, roots)
-    return [manifest, *(catalog.read_manifest(store, run, int(base), roots) for base in manifest.get("chain") or [])]
+    """The validated manifest of `run`/`step` and of every base its restore reads, newest first:
+    the steps GC keeps for it (`policy.bases_closure`: the bases of bases too, where a chain stops
+    short). IntegrityError naming the first of them that is missing or damaged."""
+    read = functools.cache(lambda at: catalog.read_manifest(store, run, at, roots))
+    return [read(at) for at in sorted(policy.bases_closure(read, {step: ["thawed"]}), reverse=True)]
 
 
 def thaw(store_uri: str, run: str, step: int | None = None, *, settings: LifecycleSettings | None = None,

@@ -118,10 +118,15 @@ def tier(
 
     Each file is copied, its sha256 verified, the manifest switched, then the source retired.
     """
+    from seedance_tasks.lifecycle.tiering import TieringFailedError
     from seedance_tasks.lifecycle.tiering import tier as run_tiering
 
+    failure = None
     with progress("tiering", enabled=not as_json) as bar:
-        result = run_tiering(_store(store), run or None, apply=apply, on_progress=bar.update)
+        try:
+            result = run_tiering(_store(store), run or None, apply=apply, on_progress=bar.update)
+        except TieringFailedError as exc:  # the report of the runs that went on, then the error
+            result, failure = exc.result, exc
 
     def render(res: dict) -> None:
         verb = "moved" if res["applied"] else "would move"
@@ -133,12 +138,18 @@ def tier(
             console.print(f"[yellow]note:[/] {escape(note)}")
         for item in res["skipped"]:
             console.print(f"[yellow]skipped[/] {escape(item['run'])}/step-{item['step']}: {escape(item['reason'])}")
+        for item in res.get("failed", []):
+            where = f"/step-{item['step']}" if item["step"] is not None else ""
+            console.print(f"[red]failed[/] {escape(item['run'])}{where}: {escape(item['reason'])} "
+                          f"({escape(item['recovery'])})")
         console.print(_cost_line(res["cost"]))
         if not res["applied"]:
             console.print("dry run: nothing changed (add --apply)")
 
     emit(result, as_json, render)
     _fail_if_damaged(result, "nothing of their runs was moved")
+    if failure:
+        raise failure
 
 
 def thaw(

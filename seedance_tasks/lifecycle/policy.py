@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -77,14 +78,23 @@ def select(manifests: list[dict], policy: RetentionPolicy, now: datetime | None 
 def with_bases(manifests: list[dict], keep: dict[int, list[str]]) -> dict[int, list[str]]:
     """`keep` ({step: reasons}, not changed) plus every step in the chain of a kept step and in the
     chains of those (an unsealed manifest's chain may stop short of its base's, and a restore
-    follows every base link), each with the reason `base of <step>` once; by step."""
+    follows every base link), each with the reason `base of <step>` once; by step. A step not
+    among `manifests` (not committed) adds no bases (`missing_bases` reports it)."""
     by_step = {int(m["step"]): m for m in manifests}
+    return bases_closure(by_step.get, keep)
+
+
+def bases_closure(read: Callable[[int], dict | None], keep: dict[int, list[str]]) -> dict[int, list[str]]:
+    """`with_bases` over manifests read on demand: `read(step)` is the manifest of `step` (None:
+    not committed; an exception it raises propagates), called once per step the result holds, so
+    a caller that needs only a few chains (thaw) reads only their manifests."""
     keep = {step: list(reasons) for step, reasons in keep.items()}
     pending = sorted(keep)
     heapq.heapify(pending)
-    while pending:
+    while pending:  # a step enters `pending` once: when it enters `keep`
         step = heapq.heappop(pending)
-        for base in (by_step[step].get("chain") or []) if step in by_step else []:
+        manifest = read(step)
+        for base in (manifest.get("chain") or []) if manifest else []:
             base = int(base)
             if base not in keep:
                 heapq.heappush(pending, base)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from decimal import Decimal
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from seedance_tasks.settings_base import StrictModel
 from seedance_tasks.units import Duration
@@ -92,7 +92,8 @@ class LifecycleSettings(StrictModel):
     )
     tiers: TieringSettings = TieringSettings()
     prices: dict[str, Decimal] = Field(
-        default_factory=lambda: dict(DEFAULT_PRICES), description="USD per GB-month by price class"
+        default_factory=lambda: dict(DEFAULT_PRICES),
+        description="USD per GB-month by price class, over the defaults: a class not given keeps its list price",
     )
     thaw_days: int = Field(7, ge=1, description="days a thawed (restored) archive object stays readable")
     thaw_retrieval: Literal["Expedited", "Standard", "Bulk"] = Field("Standard", description="archive retrieval tier")
@@ -103,6 +104,12 @@ class LifecycleSettings(StrictModel):
         description="GC moves files of interrupted saves (named by no manifest) to the trash once this old; "
                     "longer than any save takes, so a save in progress is never touched (at least 10 minutes: "
                     "a save holds no lease, only its files' age protects it)")
+
+    @field_validator("prices", mode="after")
+    @classmethod
+    def _over_defaults(cls, prices: dict[str, Decimal]) -> dict[str, Decimal]:
+        """The prices given, merged over `DEFAULT_PRICES`: overriding one class keeps the others."""
+        return {**DEFAULT_PRICES, **prices}
 
     @model_validator(mode="after")
     def _check(self) -> LifecycleSettings:

@@ -18,12 +18,16 @@ storage-class change of the objects in place (S3 CopyObject onto itself), then a
 Each run is tiered under its lease (`run-<run>`); every attempt has its own journal and first
 recovers what earlier attempts on the run left. A journal is untrusted too: its moves are
 checked (every copy in the checkpoint's own slot under a trusted root) before a rollback deletes
-a copy. Files reached through a symlink are never copied or retired: that checkpoint is skipped.
+a copy. Files reached through a symlink are never copied or retired: that checkpoint is skipped
+(a dry run reports the same skips). A run whose move fails (disk full, no such bucket) has that
+attempt finished from its journal at once and the pass goes on with the other runs; it then
+raises TieringFailedError naming the failed runs.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import posixpath
 from collections.abc import Callable
@@ -33,10 +37,13 @@ from seedance_tasks import faults, storage
 from seedance_tasks import journal as journals
 from seedance_tasks.checkpoint import catalog
 from seedance_tasks.checkpoint.manifest import FileRef, normal_root, step_dir
-from seedance_tasks.errors import IntegrityError, RefusedError, UsageError
+from seedance_tasks.errors import IntegrityError, RefusedError, SeedanceError, UsageError
+from seedance_tasks.lease import LeaseLostError
 from seedance_tasks.lifecycle import costs, inventory, journaled
 from seedance_tasks.lifecycle.settings import ARCHIVE_CLASSES, TIERS, LifecycleSettings, TieringSettings
 from seedance_tasks.storage import Location
+
+log = logging.getLogger(__name__)
 
 BLOCK = 8 * 1024 * 1024
 
@@ -254,6 +261,21 @@ def _set_class_in_place(move: dict) -> None:
         set_storage_class(storage.resolve(move["dst"]["root"]).join(move["dst"]["rel"]), move["storage_class"])
 
 
+def _skip_reason(moves: list[dict]) -> str | None:
+    """Why a checkpoint planned as `moves` is left where it is (files in an archive class that
+    would have to be copied, a file reached through a symlink), else None. A dry run asks it
+    too, so it reports what an apply would do."""
+    blocked = [m["name"] for m in moves if m["src_storage_class"] in ARCHIVE_CLASSES and not m["in_place"]]
+    if blocked:
+        return f"{len(blocked)} file(s) in an archive class; thaw them to move them"
+    for move in moves:
+        for side in ("src", "dst"):
+            link = storage.through_link(storage.resolve(move[side]["root"]), move[side]["rel"])
+            if link:
+                return f"{move[side]['root']}/{link} is a symlink (never followed)"
+    return None
+
+
 def move_checkpoint(store: Location, manifest: dict, target: str, settings: LifecycleSettings, trash_id: str,
                     roots: list[str] | None = None, held=None) -> dict:
     """Move one checkpoint's data files to `target` (see the module doc); returns what was done.
@@ -263,16 +285,9 @@ def move_checkpoint(store: Location, manifest: dict, target: str, settings: Life
     roots = roots if roots is not None else journaled.roots(store, settings)
     run, step = manifest["run"], manifest["step"]
     moves = _plan_moves(store, manifest, target, settings)
-    blocked = [m["name"] for m in moves if m["src_storage_class"] in ARCHIVE_CLASSES and not m["in_place"]]
-    if blocked:
-        return {"run": run, "step": step, "to": target, "action": "skipped",
-                "reason": f"{len(blocked)} file(s) in an archive class; thaw them to move them"}
-    for move in moves:
-        for side in ("src", "dst"):
-            link = storage.through_link(storage.resolve(move[side]["root"]), move[side]["rel"])
-            if link:
-                return {"run": run, "step": step, "to": target, "action": "skipped",
-                        "reason": f"{move[side]['root']}/{link} is a symlink (never followed)"}
+    reason = _skip_reason(moves)
+    if reason:
+        return {"run": run, "step": step, "to": target, "action": "skipped", "reason": reason}
     if all(m["in_place"] for m in moves):
         for move in moves:
             _set_class_in_place(move)
@@ -385,6 +400,53 @@ def _moved(manifest: dict, target: str, settings: LifecycleSettings) -> dict:
     return {**manifest, "files": files}
 
 
+class TieringFailedError(SeedanceError):
+    """Tiering of some runs failed; each was finished from its journal at once (back to where it
+    was, or forward if its manifest had switched) and the other runs were tiered. `result` is the
+    pass's report (`failed` lists each failure); exit code and retryability are the first one's."""
+
+    result: dict | None = None
+
+
+def failed_error(result: dict, first: SeedanceError) -> TieringFailedError:
+    """The error a pass raises at its end for the failures in `result["failed"]` (`first`: the
+    first one's error, whose hint, exit code and retryability it takes), naming the failed runs."""
+    failed = result["failed"]
+    runs = list(dict.fromkeys(item["run"] for item in failed))
+    shown = "; ".join(
+        f"{item['run']}" + (f"/{step_dir(item['step'])} -> {item['to']} ({item['location']})"
+                            if item["step"] is not None else "")
+        + f": {item['reason']} ({item['recovery']})" for item in failed[:5])
+    more = f"; and {len(failed) - 5} more" if len(failed) > 5 else ""
+    error = TieringFailedError(
+        f"tiering failed for {len(runs)} run(s) ({', '.join(runs)}) of {result['store']}: {shown}{more}; "
+        f"the other runs went on ({result['moved']} checkpoint(s) moved)",
+        hint=(f"{first.hint}; " if first.hint else "") + "then tier again: a failed run was left where it was",
+    )
+    error.result, error.exit_code, error.retryable = result, first.exit_code, first.retryable
+    return error
+
+
+def _failed(store: Location, run: str, move: dict | None, exc: Exception, roots: list[str],
+            settings: LifecycleSettings) -> tuple[dict, SeedanceError]:
+    """The report entry of a run whose tiering raised `exc` (while moving `move`, or before any
+    move), and the error it is reported as. Called under the run's lease: the attempt's journal
+    is finished at once by `recover` (its copies removed); if that fails too, the next pass does."""
+    from seedance_tasks.boundary import classify
+
+    error = classify(exc)
+    try:
+        actions = sorted({item["action"] for item in recover(store, run, roots)})
+        recovery = ", ".join(actions) if actions else "nothing to undo"
+    except Exception as again:  # noqa: BLE001 - the run stays journaled; the next pass recovers it
+        log.warning("tiering of run %s failed and could not be rolled back now", run, exc_info=True)
+        recovery = f"left for the next pass to roll back ({classify(again).message})"
+    where = {"step": None, "from": None, "to": None, "location": None} if move is None else {
+        "step": move["step"], "from": move["from"], "to": move["to"],
+        "location": settings.tiers.spec(move["to"]).uri or store.uri}
+    return {"run": run, **where, "action": "failed", "reason": error.message, "recovery": recovery}, error
+
+
 def tier(
     store_uri: str,
     runs: list[str] | None = None,
@@ -399,10 +461,13 @@ def tier(
     """Move every checkpoint of `runs` (default: all) that is due to a colder tier; dry run unless `apply`.
 
     Returns {"store", "applied", "moves": [...], "moved", "bytes_moved", "cost": {"before", "after",
-    "saving"}, "recovered", "skipped"}: `moves`, `moved` and `bytes_moved` are what was moved (a dry
-    run: what would be); a checkpoint due but left where it is, with why, is in `skipped`. With `apply`, each run is tiered under its lease, held as
-    `holder` (default: this call's run id); LeaseHeldError if another holds it.
-    `on_progress(done, total)` is called as runs are done.
+    "saving"}, "recovered", "skipped", "failed"}: `moves`, `moved` and `bytes_moved` are what was
+    moved (a dry run: what an apply would move); a checkpoint due but left where it is, with why,
+    is in `skipped` (a dry run lists what an apply would skip). With `apply`, each run is tiered
+    under its lease, held as `holder` (default: this call's run id); LeaseHeldError if another
+    holds it. A run whose tiering fails (a copy out of disk space, a bucket that does not exist)
+    is rolled back at once and the other runs go on; then TieringFailedError names the failed
+    runs, its `result` this report. `on_progress(done, total)` is called as runs are done.
     """
     from seedance_tasks.lifecycle.gc import load_lifecycle_settings
     from seedance_tasks.lifecycle.gc import recover as recover_run
@@ -420,39 +485,57 @@ def tier(
     roots = journaled.roots(store, settings)
     trash_id = trash_id or storage.new_run_id()  # real time: purge dates trash by it
     holder = holder or f"tier-{trash_id}"
-    moves, done, skipped, recovered, damaged = [], [], [], [], []
+    moves, skipped, recovered, damaged, failed, errors = [], [], [], [], [], []
     before, after = costs.Tally(settings), costs.Tally(settings)  # one run's manifests in memory at a time
     for index, run in enumerate(names):
         if on_progress:
             on_progress(index, len(names))
         if not apply:
             run_found, run_moves = plan(store, [run], settings, now, usable, roots, damaged)
-            planned = {m["step"]: m["to"] for m in run_moves}
+            planned = {}
+            for move in run_moves:  # what apply would leave where it is is reported, not counted
+                reason = _skip_reason(_plan_moves(store, move.pop("_manifest"), move["to"], settings))
+                if reason:
+                    skipped.append({**{key: move[key] for key in ("run", "step", "to", "from")},
+                                    "action": "skipped", "reason": reason})
+                else:
+                    planned[move["step"]] = move["to"]
+                    moves.append(move)
             after.add(_moved(m, planned[m["step"]], settings) if m["step"] in planned else m for m in run_found)
-            for move in run_moves:
-                move.pop("_manifest")
-            moves.extend(run_moves)
             before.add(run_found)
             continue
         with journaled.run_lease(store, run, holder, "checkpoint tiering") as held:
-            recovered.extend(recover_run(store, run, roots))
-            run_found, run_moves = plan(store, [run], settings, now, usable, roots, damaged)
-            before.add(run_found)
-            for move in run_moves:
-                result = move_checkpoint(store, move.pop("_manifest"), move["to"], settings, trash_id, roots, held)
-                (done if result["action"] == "moved" else skipped).append({**result, "from": move["from"]})
-                if result["action"] == "moved":
-                    moves.append(move)
-            after.add(catalog.read_run(store, run, roots)[0])
+            move = run_found = None
+            try:  # a failure is this run's: it is rolled back and the other runs go on
+                recovered.extend(recover_run(store, run, roots))
+                run_found, run_moves = plan(store, [run], settings, now, usable, roots, damaged)
+                before.add(run_found)
+                for move in run_moves:
+                    outcome = move_checkpoint(store, move.pop("_manifest"), move["to"], settings, trash_id, roots,
+                                              held)
+                    if outcome["action"] == "moved":
+                        moves.append(move)
+                    else:
+                        skipped.append({**outcome, "from": move["from"]})
+                move = None
+            except LeaseLostError:
+                raise  # another holder has the run now: its recovery, not ours, finishes the journal
+            except Exception as exc:  # noqa: BLE001 - reported below, once the other runs are done
+                entry, error = _failed(store, run, move, exc, roots, settings)
+                failed.append(entry)
+                errors.append((error, exc))
+            if run_found is not None:  # counted before: counted after, as it is now
+                after.add(catalog.read_run(store, run, roots)[0])
     if on_progress:
         on_progress(len(names), len(names))
     before, after = before.report(), after.report()
-    return {
+    result = {
         "store": store.uri,
         "applied": apply,
         "moves": moves,
-        "moved": len(done),
+        "moved": len(moves),
         "skipped": skipped,
+        "failed": failed,
         "bytes_moved": sum(m["bytes"] for m in moves),
         "cost": {"before": before, "after": after, "saving": costs.saving(before, after)},
         "trash_id": trash_id if apply else None,
@@ -460,3 +543,6 @@ def tier(
         "notes": notes,
         "damaged": damaged,
     }
+    if errors:
+        raise failed_error(result, errors[0][0]) from errors[0][1]
+    return result

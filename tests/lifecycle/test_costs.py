@@ -49,3 +49,15 @@ def test_a_negative_price_is_refused_naming_the_key(tmp_path):
     path.write_text('lifecycle:\n  prices: {STANDARD: "0.023", STANDARD_IA: "-0.0125", GLACIER_IR: "0.004"}\n')
     with pytest.raises(ConfigError, match="prices.STANDARD_IA"):
         load_settings(path, environ={})
+
+
+def test_one_price_given_is_merged_over_the_default_table(tmp_path):
+    """`prices: {STANDARD: ...}` used to replace the whole table: tier warm's STANDARD_IA was then
+    "not listed" and the settings refused."""
+    from seedance_tasks.config import load_settings
+    from seedance_tasks.lifecycle.settings import DEFAULT_PRICES
+
+    path = tmp_path / "c.yaml"
+    path.write_text('lifecycle:\n  prices: {STANDARD: "0.03", MY_NAS: "0.01"}\n')
+    prices = load_settings(path, environ={}).lifecycle.prices
+    assert prices == {**DEFAULT_PRICES, "STANDARD": Decimal("0.03"), "MY_NAS": Decimal("0.01")}

@@ -186,3 +186,107 @@ def test_a_restore_is_recorded_and_resets_the_age(tmp_path, lifecycle_settings):
     checkpoint.load(str(store), "r", 0)
     restored = inventory.last_restored(storage.resolve(store), "r")
     assert set(restored) == {0} and (datetime.now(UTC) - restored[0]).total_seconds() < 600
+
+
+def _stop_chain_short(store, run: str, step: int) -> list[int]:
+    """Rewrite `run`/`step`'s manifest as an unsealed one whose chain names only its base (a
+    restore still reads every base of that base); returns the chain it had."""
+    from seedance_tasks.checkpoint import catalog
+    from seedance_tasks.checkpoint.manifest import DIGEST_KEY, to_bytes
+
+    location = storage.resolve(str(store))
+    path = catalog.manifest_path(location, run, step)
+    manifest = json.loads(storage.read_bytes(location.fs, path))
+    full = manifest["chain"]
+    manifest.pop(DIGEST_KEY, None)
+    manifest["chain"], manifest["depth"] = full[:1], 1
+    storage.write_bytes_atomic(location.fs, path, to_bytes(manifest))
+    return full
+
+
+def test_thaw_follows_the_bases_of_bases_when_a_chain_stops_short(s3_bucket, lifecycle_settings):
+    """Thaw used to read only the top manifest's chain: the bases of its base stayed archived."""
+    store = f"s3://{s3_bucket}/ckpt"
+    digests = make_store(store, steps=range(0, 40, 10), keyframe_every=4)
+    full = _stop_chain_short(store, "r", 30)
+    assert len(full) >= 2  # a base of its base that only the base's manifest names
+    settings = lifecycle_settings.model_copy(deep=True)
+    settings.tiers.keep_latest_hot = False
+    settings.tiers.cold.storage_class = "GLACIER"
+    tiering.tier(store, settings=settings, now=datetime.now(UTC) + timedelta(days=2), apply=True)
+    assert {v for k, v in _classes(s3_bucket, "ckpt/r/").items() if k.endswith(".bin")} == {"GLACIER"}
+
+    thawed = CliRunner().invoke(app, ["ckpt", "thaw", "--store", store, "--run", "r", "--step", "30", "--json"])
+    assert thawed.exit_code == 0, thawed.output
+    report = json.loads(thawed.output)
+    assert {f["step"] for f in report["files"]} == {30, *full} and report["ready"]
+    assert_restorable(store, "r", {30: digests[30]})
+
+
+def _two_runs(tmp_path, lifecycle_settings, warm):
+    store = tmp_path / "hot"
+    digests = {run: make_store(store, run=run, steps=[0, 10], keyframe_every=1) for run in ("a", "b")}
+    settings = lifecycle_settings.model_copy(deep=True)
+    settings.tiers.keep_latest_hot = False
+    settings.tiers.warm.uri = warm
+    return store, digests, settings
+
+
+def _left_as_it_was(store, run, digests):
+    """`run` is where it was before the failed pass: hot, restorable, no journal pending."""
+    from seedance_tasks import journal
+
+    assert {r["tier"] for r in list_checkpoints(str(store)) if r["run"] == run} == {"hot"}
+    assert journal.pending(storage.resolve(store)) == []
+    assert_restorable(store, run, digests)
+
+
+def test_a_run_whose_copy_fails_is_rolled_back_and_the_others_are_tiered(tmp_path, lifecycle_settings,
+                                                                          trust_tiers, monkeypatch):
+    """Out of disk space while copying run a used to stop the whole pass: b was never tiered."""
+    import errno
+
+    warm = tmp_path / "warm"
+    trust_tiers(warm)
+    store, digests, settings = _two_runs(tmp_path, lifecycle_settings, str(warm))
+    real_copy = tiering.copy_verified
+
+    def disk_full_for_run_a(src, dst, storage_class):
+        real_copy(src, dst, storage_class)  # the copy is written: the rollback must remove it
+        if src.rel.startswith("a/"):
+            raise OSError(errno.ENOSPC, "No space left on device", storage.resolve(dst.root).join(dst.rel))
+        return {}
+
+    monkeypatch.setattr(tiering, "copy_verified", disk_full_for_run_a)
+    monkeypatch.setenv("SEEDANCE__LIFECYCLE__TIERS__WARM_AFTER", "0")
+    monkeypatch.setenv("SEEDANCE__LIFECYCLE__TIERS__KEEP_LATEST_HOT", "false")
+    result = CliRunner().invoke(app, ["ckpt", "tier", "--store", str(store), "--apply", "--json"])
+    assert result.exit_code == 6, result.output  # ResourceError: disk full
+    assert "error: tiering failed for 1 run(s) (a)" in result.output and "no space left" in result.output
+    report = json.loads(result.stdout)
+    assert [(m["run"], m["step"]) for m in report["moves"]] == [("b", 0), ("b", 10)] and report["moved"] == 2
+    assert [(f["run"], f["step"], f["recovery"]) for f in report["failed"]] == [("a", 0, "rolled back")]
+    assert {r["tier"] for r in list_checkpoints(str(store)) if r["run"] == "b"} == {"warm"}
+    _left_as_it_was(store, "a", digests["a"])
+    assert not [p for p in (warm / "a").rglob("*") if p.is_file()]  # no orphan copy, hidden or not
+    assert_restorable(store, "b", digests["b"])
+
+    monkeypatch.setattr(tiering, "copy_verified", real_copy)  # space freed: the next pass tiers a
+    again = tiering.tier(str(store), settings=settings, apply=True, now=datetime.now(UTC) + timedelta(hours=2))
+    assert [(m["run"], m["step"]) for m in again["moves"]] == [("a", 0), ("a", 10)] and again["failed"] == []
+    assert_restorable(store, "a", digests["a"])
+
+
+def test_a_tier_bucket_that_does_not_exist_fails_every_run_and_changes_nothing(s3_bucket, tmp_path,
+                                                                              lifecycle_settings, trust_tiers):
+    warm = f"s3://{s3_bucket}-missing/warm"
+    trust_tiers(warm)
+    store, digests, settings = _two_runs(tmp_path, lifecycle_settings, warm)
+    with pytest.raises(tiering.TieringFailedError) as failed:
+        tiering.tier(str(store), settings=settings, apply=True, now=datetime.now(UTC) + timedelta(hours=2))
+    report = failed.value.result
+    assert [f["run"] for f in report["failed"]] == ["a", "b"] and report["moved"] == 0
+    assert "(a, b)" in failed.value.message and "NoSuchBucket" in failed.value.message and warm in failed.value.message
+    assert failed.value.exit_code != 70  # a clear error, not a bug report
+    for run in ("a", "b"):
+        _left_as_it_was(store, run, digests[run])

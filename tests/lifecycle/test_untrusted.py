@@ -262,3 +262,39 @@ def test_a_second_gc_or_tier_refuses_naming_the_holder(tmp_path):
                                 "--apply"])
     assert again.exit_code == 0, again.output
     assert catalog.committed_steps(storage.resolve(store), "r") == [0, 20]  # 0: every 1000th step
+
+
+def _symlinked_file(store, victim):
+    name = sorted(catalog.read_manifest(storage.resolve(store), "r", 0)["files"])[0]
+    data = store / "r" / "step-0" / name
+    victim.write_bytes(data.read_bytes())
+    data.unlink()
+    data.symlink_to(victim)
+
+
+def _archived_file(store, victim):
+    _tamper(store, 0, lambda m: m["files"][sorted(m["files"])[0]].update(storage_class="DEEP_ARCHIVE"))
+
+
+@pytest.mark.parametrize("leave", [_symlinked_file, _archived_file], ids=["symlinked file", "archive class"])
+def test_a_dry_run_reports_what_apply_would_skip(tmp_path, victim, trust_tiers, lifecycle_settings, leave):
+    """The dry run used to count a checkpoint that apply skips among its moves and cost saving."""
+    from datetime import UTC, datetime, timedelta
+
+    from seedance_tasks.lifecycle import tiering
+
+    store = tmp_path / "s"
+    trust_tiers(tmp_path / "warm", tmp_path / "cold")
+    make_store(store, steps=[0, 10, 20], keyframe_every=1)
+    leave(store, victim)
+    settings = lifecycle_settings.model_copy(deep=True)
+    settings.tiers.keep_latest_hot = False
+    settings.tiers.warm.uri, settings.tiers.cold.uri = str(tmp_path / "warm"), str(tmp_path / "cold")
+    later = datetime.now(UTC) + timedelta(hours=2)
+    dry = tiering.tier(str(store), settings=settings, now=later)
+    assert not (tmp_path / "warm").exists()
+    applied = tiering.tier(str(store), settings=settings, apply=True, now=later)
+    assert [m["step"] for m in applied["moves"]] == [10, 20] and [s["step"] for s in applied["skipped"]] == [0]
+    for key in ("moves", "moved", "bytes_moved", "skipped"):
+        assert dry[key] == applied[key], key
+    assert dry["cost"]["after"] == applied["cost"]["after"]
