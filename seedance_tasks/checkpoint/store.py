@@ -1020,15 +1020,21 @@ def verify_run(store_uri: str, run: str, step: int | None = None, *, workers: in
 
 
 def needed_steps(store_uri: str, run: str, keep: Iterable[int]) -> set[int]:
-    """The steps to keep so that every step in `keep` stays restorable: `keep` plus their chains.
+    """The steps to keep so that every step in `keep` stays restorable: `keep` plus their chains,
+    followed through each base's own manifest (a chain that stops short still keeps the bases of
+    its bases).
 
-    For retention GC: everything else of the run may go. Raises IntegrityError if a kept step is
-    not committed.
+    For retention GC: everything else of the run may go. Raises IntegrityError if a kept step or
+    one of its bases is not committed.
     """
     store = storage.resolve(store_uri)
+    run = _check_name(run)
     needed: set[int] = set()
-    for step in keep:
-        manifest = read_manifest(store, _check_name(run), int(step))
-        needed.add(int(step))
-        needed.update(int(base) for base in manifest.get("chain", []))
+    pending = [int(step) for step in keep]
+    while pending:
+        step = pending.pop()
+        if step in needed:
+            continue
+        needed.add(step)
+        pending.extend(int(base) for base in read_manifest(store, run, step).get("chain", []))
     return needed

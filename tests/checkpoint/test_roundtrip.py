@@ -210,3 +210,14 @@ def test_training_loop_resumes_from_the_store(tmp_path):
     assert state["step"] == 12
     assert_same(model.state_dict(), fresh.state_dict())
     assert_same(opt.state_dict(), fresh_opt.state_dict())
+
+
+def test_needed_steps_follows_the_bases_of_bases_when_a_chain_stops_short(monkeypatch):
+    """A manifest whose chain names only its base (written unsealed, by hand or an older tool):
+    the base's own chain is kept too, so the kept step stays restorable."""
+    chains = {0: [], 10: [0], 20: [10, 0], 30: [20], 40: []}
+    read = []
+    monkeypatch.setattr(ckstore, "read_manifest", lambda store, run, step: read.append(step) or {"chain": chains[step]})
+    assert ckstore.needed_steps("/tmp/unused-store", "k", [30]) == {30, 20, 10, 0}
+    assert ckstore.needed_steps("/tmp/unused-store", "k", [40, 10]) == {40, 10, 0}
+    assert len(read) == 4 + 3  # each manifest read once per call
