@@ -29,10 +29,13 @@ def monthly(num_bytes: int, key: str, settings: LifecycleSettings) -> Decimal:
     """USD per month of keeping `num_bytes` at price class `key`, exact (not rounded).
 
     A storage class the configured table lacks (a file an older configuration tiered) is priced
-    at its S3 list price (`DEFAULT_PRICES`); a tier's own class is always in the table (settings).
+    at its S3 list price (`DEFAULT_PRICES`), one S3 does not list (a manifest naming a class of
+    its own) as STANDARD; a tier's own class is always in the table (settings). Classes are
+    matched in capitals.
     """
-    price = settings.prices.get(key)
-    return Decimal(num_bytes) / GB * (price if price is not None else DEFAULT_PRICES[key])
+    key = str(key).upper()
+    price = settings.prices.get(key, DEFAULT_PRICES.get(key, DEFAULT_PRICES["STANDARD"]))
+    return Decimal(num_bytes) / GB * price
 
 
 class Tally:

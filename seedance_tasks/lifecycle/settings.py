@@ -61,7 +61,8 @@ class TierSpec(StrictModel):
     price_class: str | None = Field(None, description="key of `prices` for this tier; null = storage_class or STANDARD")
 
     def price_key(self) -> str:
-        return self.price_class or self.storage_class or "STANDARD"
+        """The key of `prices` this tier is charged at, in capitals (as `prices` keys are kept)."""
+        return (self.price_class or self.storage_class or "STANDARD").upper()
 
 
 class TieringSettings(StrictModel):
@@ -108,8 +109,9 @@ class LifecycleSettings(StrictModel):
     @field_validator("prices", mode="after")
     @classmethod
     def _over_defaults(cls, prices: dict[str, Decimal]) -> dict[str, Decimal]:
-        """The prices given, merged over `DEFAULT_PRICES`: overriding one class keeps the others."""
-        return {**DEFAULT_PRICES, **prices}
+        """The prices given, merged over `DEFAULT_PRICES`: overriding one class keeps the others.
+        Classes are kept in capitals, as S3 names them (an environment override arrives lower-cased)."""
+        return {**DEFAULT_PRICES, **{key.upper(): price for key, price in prices.items()}}
 
     @model_validator(mode="after")
     def _check(self) -> LifecycleSettings:

@@ -61,3 +61,16 @@ def test_one_price_given_is_merged_over_the_default_table(tmp_path):
     path.write_text('lifecycle:\n  prices: {STANDARD: "0.03", MY_NAS: "0.01"}\n')
     prices = load_settings(path, environ={}).lifecycle.prices
     assert prices == {**DEFAULT_PRICES, "STANDARD": Decimal("0.03"), "MY_NAS": Decimal("0.01")}
+
+
+def test_prices_given_by_environment_override_or_in_lower_case_count_and_odd_classes_never_crash(tmp_path):
+    from seedance_tasks.config import load_settings
+    from seedance_tasks.lifecycle import costs
+
+    path = tmp_path / "c.yaml"
+    path.write_text("lifecycle:\n  tiers:\n    warm: {price_class: my_nas}\n  prices: {my_nas: \"0.01\"}\n")
+    settings = load_settings(path, environ={"SEEDANCE__LIFECYCLE__PRICES__GLACIER_IR": "0.005"}).lifecycle
+    assert settings.prices["GLACIER_IR"] == Decimal("0.005") and settings.prices["MY_NAS"] == Decimal("0.01")
+    assert settings.tiers.spec("warm").price_key() == "MY_NAS"
+    assert costs.monthly(costs.GB, "glacier_ir", settings) == Decimal("0.005")
+    assert costs.monthly(costs.GB, "EXPRESS_ONEZONE_OF_ITS_OWN", settings) == settings.prices["STANDARD"]
