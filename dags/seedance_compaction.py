@@ -6,12 +6,13 @@ Wiring only; the work is in `seedance_tasks.compaction`. Nightly on `compaction.
 event says to apply), and on demand from the UI with the same parameters as `seedance compact`.
 Every empty field is taken from config/seedance.yaml. The report task emits
 `seedance_compacted_lake` with the run's figures (URI, files and bytes before/after, saving).
+A teardown releases the run's lease of its lakes however the run ended.
 """
 
 from __future__ import annotations
 
 import pendulum
-from airflow.sdk import Asset, AssetOrTimeSchedule, CronTriggerTimetable, Param, dag, task
+from airflow.sdk import Asset, AssetOrTimeSchedule, CronTriggerTimetable, Param, dag, task, teardown
 
 from seedance_tasks.dag_support import (
     DEFAULT_ARGS,
@@ -93,10 +94,22 @@ def seedance_compaction():
 
         return airflow_tasks.purge_task(params, summary)
 
+    @teardown
+    def release_leases(params: dict | None = None, triggering_asset_events=None) -> dict:
+        """Release the run's lease of its lakes however the run ended (a no-op after `purge_trash`)."""
+        from airflow.sdk import get_current_context
+
+        from seedance_tasks.compaction import airflow_tasks
+
+        planned = get_current_context()["ti"].xcom_pull(task_ids="plan")  # None when the plan failed
+        return airflow_tasks.release_task(params or {}, triggering_asset_events, planned)
+
     planned = plan()
-    results = compact.expand(group=groups(planned))
+    mapped = groups(planned)
+    results = compact.expand(group=mapped)
     summary = report(planned, results)
-    purge_trash(summary=summary)
+    # downstream of every task (its trigger rule sees only direct upstreams): runs once all are done
+    [planned, mapped, results, summary, purge_trash(summary=summary)] >> release_leases()
 
 
 seedance_compaction()

@@ -5,13 +5,14 @@ Wiring only; the work is in `seedance_tasks.shards` and `seedance_tasks.preproce
 demand (before training) with the same parameters as `seedance shards build` and
 `seedance preprocess run`; every empty field is taken from config/seedance.yaml (a run without a
 source is skipped, with the reason). Emits the `seedance_preprocessed_shards` Asset when the
-output index is written (its extra: the output URI, index and counts).
+output index is written (its extra: the output URI, index and counts). A teardown releases the
+run's lease of its output however the run ended.
 """
 
 from __future__ import annotations
 
 import pendulum
-from airflow.sdk import Asset, Param, dag, task
+from airflow.sdk import Asset, Param, dag, task, teardown
 
 from seedance_tasks.dag_support import (
     DEFAULT_ARGS,
@@ -116,11 +117,19 @@ def seedance_preprocess():
 
         return airflow_tasks.finalize_task(built, mapped_results(results), PREPROCESSED_SHARDS)
 
+    @teardown
+    def release_leases(params: dict | None = None) -> dict:
+        """Release the run's lease of its output however the run ended (a no-op after `finalize`)."""
+        from seedance_tasks.preprocess import airflow_tasks
+
+        return airflow_tasks.release_task(params or {})
+
     built = build_shards()
     verified = verify_shards(built)
     groups = plan(built, verified)
     results = preprocess.expand(group=groups)
-    finalize(built, results)
+    # downstream of every task (its trigger rule sees only direct upstreams): runs once all are done
+    [built, verified, groups, results, finalize(built, results)] >> release_leases()
 
 
 seedance_preprocess()

@@ -257,3 +257,29 @@ def airflow_lease_holder() -> str:
 
     context = get_current_context()
     return f"airflow:{context['dag'].dag_id}:{context['run_id']}"
+
+
+def release_run_lease(uri: str, name: str) -> bool:
+    """Release the lease `name` of `uri` if the running task's DAG run still holds it; True if it did.
+
+    For a DAG's teardown task, which runs however the run ended: a run that failed (or whose
+    last task never ran) must not keep other runs and the CLI out until its TTL. Another holder's
+    lease, a missing one and an unresolvable URI are left alone (False)."""
+    from seedance_tasks import lease, storage
+    from seedance_tasks.errors import InputError, UsageError
+
+    holder = airflow_lease_holder()
+    try:
+        root = storage.resolve(uri)
+    except (UsageError, InputError):  # the run failed on this URI before it could take a lease
+        return False
+    record = lease.current(root, name)
+    if record is None or record.holder != holder:
+        return False
+    try:  # taken back (re-entrant for our holder) and released by the block's end
+        with lease.holding(root, name, holder=holder, purpose="release at the end of the DAG run"):
+            pass
+    except lease.LeaseHeldError:  # taken over by another writer since it went stale: not ours any more
+        return False
+    log.info("released the lease %s of %s", name, root.uri)
+    return True

@@ -2,20 +2,31 @@
 
 Every task of one DAG run holds the lake's lease as one holder (`airflow_lease_holder()`): the
 plan task takes it, each mapped `compact` task (and its retries) takes it back, the purge task
-releases it; a failed DAG run's lease expires by its TTL.
+releases it, and the `release_leases` teardown releases it however the run ended (a failed plan,
+a mapped task failed for good), so that the next run and the CLI are not kept out until its TTL.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
-from seedance_tasks.dag_support import airflow_lease_holder, fail_fast, run_settings, skip, triggering_extras
-from seedance_tasks.errors import UsageError
+from seedance_tasks.dag_support import (
+    airflow_lease_holder,
+    fail_fast,
+    release_run_lease,
+    run_settings,
+    skip,
+    triggering_extras,
+)
+from seedance_tasks.errors import SeedanceError, UsageError
 
 SETTINGS_PARAMS = {"target_file_size": "target_file_size", "small_file_size": "small_file_size",
                    "min_age": "min_age"}
 """DAG param -> `compaction:` key: the run's settings are config's section, then these params."""
 SIGNAL_ASSETS = ("seedance_signal_small_files",)
+
+log = logging.getLogger("seedance_tasks.compaction")
 
 
 def _settings(params: dict):
@@ -42,23 +53,41 @@ def lakes_to_compact(params: dict, settings, events=None) -> list[dict[str, Any]
 
 @fail_fast
 def plan_task(params: dict, events=None) -> dict:
-    """Take each lake's lease, recover, plan and save the plan; returns {"lakes": [plan...], "groups"}.
+    """Take each lake's lease, recover, plan and save the plan; returns {"lakes": [plan...], "groups",
+    "failed_lakes"}.
 
     A run with no lake (no `uri` param, no `compaction.default_uri`, no event target) is skipped
-    with the reason, not failed.
+    with the reason, not failed. Of a run of several lakes (the targets of small-files events),
+    a lake that cannot be compacted (missing, a table format, a bad plan: an error a retry cannot
+    fix) is logged as an `error:`/`hint:` line and listed in `failed_lakes`, and the other lakes
+    go on; the task fails only when every lake does. A retryable error (a lease held, storage
+    down) still fails the task for Airflow to retry.
     """
+    from seedance_tasks.boundary import classify
     from seedance_tasks.compaction.run import plan_for_dag
 
     settings = _settings(params)
     lakes = lakes_to_compact(params, settings, events)
     if not lakes:
         skip("no dataset to compact: set the `uri` param, or compaction.default_uri in config/seedance.yaml")
-    planned = []
+    planned, failed, first_error = [], [], None
     for lake in lakes:
-        one = plan_for_dag(lake["uri"], settings, holder=airflow_lease_holder(), dry_run=lake["dry_run"])
+        try:
+            one = plan_for_dag(lake["uri"], settings, holder=airflow_lease_holder(), dry_run=lake["dry_run"])
+        except Exception as exc:
+            error = classify(exc)
+            if len(lakes) == 1 or error.retryable:
+                raise
+            log.error("error: lake %s: %s", lake["uri"], error)
+            failed.append({"uri": lake["uri"], "dry_run": lake["dry_run"], "error": error.message[:500]})
+            first_error = first_error or exc
+            continue
         planned.append({"uri": lake["uri"], **one, "dry_run": lake["dry_run"]})
+    if not planned:
+        raise first_error
     groups = [{**group, "lake": index} for index, one in enumerate(planned) for group in one.pop("groups")]
-    return {"lakes": planned, "groups": groups, "settings": settings.model_dump(mode="json")}
+    return {"lakes": planned, "groups": groups, "settings": settings.model_dump(mode="json"),
+            "failed_lakes": failed}
 
 
 @fail_fast
@@ -91,8 +120,9 @@ def report_task(planned: dict, results: list[dict], asset=None) -> dict:
         flat = [item for result in mine for item in result["results"]]
         recovered = list(lake["recovered"]) + [item for result in mine for item in result.get("recovered", [])]
         summaries.append(summarize(plan, flat, settings, recovered=recovered, dry_run=lake["dry_run"]))
-    summary = summaries[0] if len(summaries) == 1 else {"lakes": summaries, "dry_run": all(
-        s["dry_run"] for s in summaries)}
+    failed = planned.get("failed_lakes") or []
+    summary = summaries[0] if len(summaries) == 1 and not failed else {
+        "lakes": summaries, "dry_run": all(s["dry_run"] for s in summaries), "failed_lakes": failed}
     if asset is not None:
         from decimal import Decimal
 
@@ -102,7 +132,7 @@ def report_task(planned: dict, results: list[dict], asset=None) -> dict:
                   ("partitions_compacted", "files_before", "files_after", "bytes_before", "bytes_after", "rows")}
         announce(asset, {
             "uris": [s["uri"] for s in summaries], "run_ids": [s["run_id"] for s in summaries],
-            "dry_run": summary["dry_run"], **totals,
+            "failed_uris": [lake["uri"] for lake in failed], "dry_run": summary["dry_run"], **totals,
             "estimated_monthly_saving_usd": str(sum(
                 (Decimal(s["estimated_monthly_saving"]["usd"]) for s in summaries), Decimal(0))),
         })
@@ -134,3 +164,23 @@ def purge_task(params: dict, summary: dict | None) -> dict:
     if len(results) == 1:
         return results[0]
     return {"purged": [run for result in results for run in result.get("purged", [])], "lakes": results}
+
+
+@fail_fast
+def release_task(params: dict, events=None, planned: dict | None = None) -> dict:
+    """The DAG's teardown: release the DAG run's lease of each lake it still holds, among the lakes
+    of `planned` (the plan task's XCom, None if it failed) and those `plan_task` would pick now
+    (from params, config or events: the plan may have failed before its XCom, or config changed
+    since); {"released": [uri...]}. Runs after every other task of the run, whatever their
+    outcome; changes no data. Skipped, as the plan was, when there is no lake."""
+    from seedance_tasks.compaction.run import LEASE_NAME
+
+    lakes = [lake for lake in (planned or {}).get("lakes") or [] if isinstance(lake, dict)]
+    try:
+        lakes += lakes_to_compact(params, _settings(params), events)
+    except SeedanceError:  # bad params: the plan task failed on them before it took any lease
+        pass
+    if not lakes:
+        skip("no dataset, no lease to release")
+    uris = dict.fromkeys(str(lake["uri"]) for lake in lakes if lake.get("uri") and not lake.get("dry_run"))
+    return {"released": [uri for uri in uris if release_run_lease(uri, LEASE_NAME)]}

@@ -7,7 +7,9 @@ Every task that writes holds the `dataset` lease of what it writes as the DAG ru
 (`dag_support.airflow_lease_holder()`): a retried task, and the mapped preprocess tasks of one
 run, share it; another DAG run, a second deployment or the CLI writing the same output is
 refused naming the holder (retryable: the task is retried once the holder is done). The
-preprocess output's lease is kept between tasks and released by `finalize`.
+preprocess output's lease is kept between tasks and released by `finalize`, or by the
+`release_leases` teardown however the run ended (a failed group must not keep the next run and
+the CLI out until the lease's TTL).
 
 A hostile or unreadable input shard does not stop the run: `verify` logs its problem and lets it
 through (preprocessing reads it with the same checked reader), the `preprocess` task of its group
@@ -22,7 +24,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from seedance_tasks.dag_support import fail_fast, run_settings, skip
+from seedance_tasks.dag_support import fail_fast, release_run_lease, run_settings, skip
 from seedance_tasks.errors import UsageError
 
 log = logging.getLogger("seedance_tasks.preprocess")
@@ -169,3 +171,18 @@ def finalize_task(built: dict[str, Any], results: list[dict[str, Any]], asset=No
                          "quarantined": summary["quarantined_count"]},
                  reports={"index": summary["index"]})
     return summary
+
+
+@fail_fast
+def release_task(params: dict[str, Any]) -> dict[str, Any]:
+    """The DAG's teardown: release the DAG run's lease of its output and its shards (as
+    `locations(params)` names them) where it still holds it; {"released": [uri...]}. Runs after
+    every other task of the run, whatever their outcome; changes no data. Skipped, as the build
+    was, when there is no source."""
+    from seedance_tasks.preprocess.run import LEASE_NAME
+
+    if not (params.get("source") or "").strip():
+        skip("no source, no lease to release")
+    where = locations(params)
+    return {"released": [uri for uri in dict.fromkeys((where["out"], where["shards"]))
+                         if release_run_lease(uri, LEASE_NAME)]}

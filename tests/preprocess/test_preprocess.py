@@ -241,3 +241,36 @@ def test_a_dead_parent_not_reaped_yet_counts_as_gone_for_the_workers():
     finally:
         child.wait()
     assert parent_gone(child.pid)  # reaped: no such process
+
+
+def test_a_group_failed_for_good_frees_the_output_for_the_next_run(tmp_path, shards, run_dag, monkeypatch):
+    """One mapped `preprocess` task fails for good (finalize never runs): the teardown releases
+    the output's lease, the run stays `failed`, and the next run (or the CLI) is not refused
+    for the lease's TTL: it publishes the groups left and writes the index."""
+    from seedance_tasks import lease
+    from seedance_tasks.errors import RefusedError
+    from seedance_tasks.preprocess import run as preprocess_run
+
+    shard_dir, _keys = shards
+    out = tmp_path / "out"
+    conf = {"source": str(shard_dir), "source_kind": "shards", "out": str(out), "image_size": SIZE,
+            "io_workers": 1, "cpu_workers": 1, "shards_per_group": 2, "check_decode": False}
+    doomed: list = []
+
+    def first_group_fails(shards_uri, out_uri, **kwargs):
+        doomed[:] = doomed or [kwargs["only"]]
+        if kwargs["only"] == doomed[0]:
+            raise RefusedError("injected: this group cannot be preprocessed", hint="a test")
+        return run(shards_uri, out_uri, **kwargs)
+
+    monkeypatch.setattr(preprocess_run, "run", first_group_fails)
+    failed = run_dag("seedance_preprocess", conf)
+    monkeypatch.setattr(preprocess_run, "run", run)
+    assert failed.state == "failed"
+    states = {(ti.task_id, ti.map_index): ti.state for ti in failed.get_task_instances()}
+    assert "failed" in {state for (task, _), state in states.items() if task == "preprocess"}
+    assert states[("finalize", -1)] == "upstream_failed" and states[("release_leases", -1)] == "success"
+    assert lease.current(storage.resolve(str(out)), "dataset") is None
+    again = run_dag("seedance_preprocess", conf)
+    assert again.state == "success"
+    assert xcom_value(again, "finalize")["output_shards"] == len(list(shard_dir.glob("*.tar")))
