@@ -11,6 +11,28 @@ from __future__ import annotations
 import pytest
 
 
+@pytest.fixture(autouse=True)
+def _fresh_save_cache():
+    """Every checkpoint test starts and ends with an empty save cache (no base carried between tests)."""
+    from seedance_tasks.checkpoint import store
+
+    store._CACHE.clear()
+    yield
+    store._CACHE.clear()
+
+
+def torch_roundtrip(state):
+    """What torch.save then torch.load(weights_only=True) gives back: the reference restores are held to."""
+    import io
+
+    import torch
+
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    buffer.seek(0)
+    return torch.load(buffer, weights_only=True)
+
+
 def tiny_gpt_states(steps=(0, 10, 20, 30), seed: int = 0):
     """[(step, state)] of a 2-layer transformer LM trained with AdamW; each state is a deep copy."""
     from seedance_tasks.checkpoint.sample import train_tiny_gpt

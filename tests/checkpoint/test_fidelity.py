@@ -3,7 +3,6 @@ a state_dict's `_metadata` (module versions for load_state_dict's migrations) an
 
 from __future__ import annotations
 
-import io
 import json
 from collections import OrderedDict
 
@@ -17,18 +16,11 @@ from seedance_tasks.checkpoint.files import read_checkpoint, write_checkpoint
 from seedance_tasks.cli import app
 from seedance_tasks.errors import IntegrityError, UsageError
 
-from .conftest import assert_same
+from .conftest import assert_same, torch_roundtrip
 
 runner = CliRunner()
 pytestmark = [pytest.mark.filterwarnings("ignore:.*quantized tensor creation functions:UserWarning"),
               pytest.mark.filterwarnings("ignore:TypedStorage is deprecated:UserWarning")]
-
-
-@pytest.fixture(autouse=True)
-def _no_cache():
-    ckstore._CACHE.clear()
-    yield
-    ckstore._CACHE.clear()
 
 
 class Block(torch.nn.Module):
@@ -80,17 +72,9 @@ def _trained_state():
     return net, state
 
 
-def _torch_roundtrip(state):
-    """What torch.save then torch.load(weights_only=True) gives back: the reference of every test here."""
-    buffer = io.BytesIO()
-    torch.save(state, buffer)
-    buffer.seek(0)
-    return torch.load(buffer, weights_only=True)
-
-
 def test_restore_gives_back_what_torch_load_would(tmp_path):
     net, state = _trained_state()
-    reference = _torch_roundtrip(state)
+    reference = torch_roundtrip(state)
     assert type(reference["model"]) is OrderedDict and reference["model"]._metadata[""]  # the reference keeps them
     store = str(tmp_path / "s")
     checkpoint.save(state, store, "r", 0)
@@ -116,7 +100,7 @@ def test_restore_gives_back_what_torch_load_would(tmp_path):
 
 def test_files_and_background_saves_keep_classes_and_metadata(tmp_path):
     _net, state = _trained_state()
-    reference = _torch_roundtrip(state)
+    reference = torch_roundtrip(state)
     store = str(tmp_path / "s")
     raw = tmp_path / "raw.pt"
     torch.save(state, raw)
@@ -149,7 +133,7 @@ def test_a_manifest_from_before_classes_restores_as_before(tmp_path):
     manifest = json.loads(path.read_text())
     assert manifest["tree"]["dict"][0][1]["class"] == "OrderedDict"  # recorded as JSON
     assert ckstore.same_content(state, manifest)
-    changed = _torch_roundtrip(state)
+    changed = torch_roundtrip(state)
     changed["model"]._metadata["block"]["version"] = 2
     assert not ckstore.same_content(changed, manifest)  # another _metadata is another restore
 
@@ -187,7 +171,7 @@ def _quantized_state():
 
 def test_quantized_tensors_come_back_with_their_quantizer_bit_exact(tmp_path):
     state = _quantized_state()
-    reference = _torch_roundtrip(state)
+    reference = torch_roundtrip(state)
     store = str(tmp_path / "s")
     checkpoint.save(state, store, "q", 0)
     checkpoint.save(state, store, "q", 1)

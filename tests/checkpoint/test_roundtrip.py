@@ -16,13 +16,6 @@ from .conftest import assert_same, drifting_states
 SMALL = {"chunk_size": "64KiB"}  # several chunks per big tensor, so chunking and parallelism are exercised
 
 
-@pytest.fixture(autouse=True)
-def _no_cache():
-    ckstore._CACHE.clear()
-    yield
-    ckstore._CACHE.clear()
-
-
 def _manifests(store, run, states):
     return [ckstore.read_manifest(ckstore.storage.resolve(store), run, s) for s, _ in states]
 

@@ -5,7 +5,6 @@ scalar bit for bit, and dtypes a manifest cannot hold refused before anything is
 from __future__ import annotations
 
 import enum
-import io
 import json
 import math
 import os
@@ -21,21 +20,7 @@ from seedance_tasks.checkpoint import store as ckstore
 from seedance_tasks.checkpoint.files import read_checkpoint, write_checkpoint
 from seedance_tasks.errors import IntegrityError, UsageError
 
-from .conftest import assert_same
-
-
-@pytest.fixture(autouse=True)
-def _no_cache():
-    ckstore._CACHE.clear()
-    yield
-    ckstore._CACHE.clear()
-
-
-def _torch_roundtrip(state):
-    buffer = io.BytesIO()
-    torch.save(state, buffer)
-    buffer.seek(0)
-    return torch.load(buffer, weights_only=True)
+from .conftest import assert_same, torch_roundtrip
 
 
 def _manifest(store, step=0):
@@ -65,7 +50,7 @@ def test_permuted_and_broadcast_tensors_restore_with_torch_loads_strides(tmp_pat
     state = _layouts()
     checkpoint.save(state, str(tmp_path), "r", 0, codec=codec)
     back = checkpoint.load(str(tmp_path), "r", 0)
-    _assert_layouts(_torch_roundtrip(state), back)
+    _assert_layouts(torch_roundtrip(state), back)
     _assert_layouts(state, back)
     for name in state:
         assert checkpoint.load_tensor(str(tmp_path), "r", 0, name).stride() == state[name].stride()

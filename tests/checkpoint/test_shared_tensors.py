@@ -4,7 +4,6 @@ without data (meta) are refused naming the file and the key."""
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import time
@@ -20,21 +19,9 @@ from seedance_tasks.checkpoint.files import read_checkpoint, write_checkpoint
 from seedance_tasks.cli import app
 from seedance_tasks.errors import IntegrityError, UsageError
 
+from .conftest import torch_roundtrip
+
 runner = CliRunner()
-
-
-@pytest.fixture(autouse=True)
-def _no_cache():
-    ckstore._CACHE.clear()
-    yield
-    ckstore._CACHE.clear()
-
-
-def _torch_roundtrip(state):
-    buffer = io.BytesIO()
-    torch.save(state, buffer)
-    buffer.seek(0)
-    return torch.load(buffer, weights_only=True)
 
 
 def _sharing(state) -> dict:
@@ -79,7 +66,7 @@ def _check_like_torch(reference, restored):
 
 def test_save_and_load_give_back_what_torch_load_would(tmp_path):
     state = _state()
-    reference = _torch_roundtrip(state)
+    reference = torch_roundtrip(state)
     assert _sharing(reference)["b"] == (True, True) and _sharing(reference)["c"] == (False, True)
     store = str(tmp_path / "s")
     summary = checkpoint.save(state, store, "r", 0)
@@ -111,7 +98,7 @@ def test_a_tied_model_keeps_its_tying_and_loads(tmp_path):
     by_name = checkpoint.load_tensor(store, "r", 0, "model/head.weight")  # a tied name still finds its tensor
     assert torch.equal(by_name, model.embed.weight.detach())
     restored = checkpoint.load(store, "r", 0)["model"]
-    reference = _torch_roundtrip(model.state_dict())
+    reference = torch_roundtrip(model.state_dict())
     assert restored["embed.weight"].data_ptr() == restored["head.weight"].data_ptr()
     assert (restored["embed.weight"] is restored["head.weight"]) == (reference["embed.weight"] is reference["head.weight"])
     fresh = Tied()
@@ -136,7 +123,7 @@ def test_put_and_get_of_a_tied_file_keep_its_size_and_tying(tmp_path):
 
 def test_safetensors_files_and_background_saves_keep_them_too(tmp_path):
     state = _state()
-    reference = _torch_roundtrip(state)
+    reference = torch_roundtrip(state)
     write_checkpoint(state, tmp_path / "x.safetensors")  # views into one storage: safetensors refused them
     # flags and classes ride in Seedance's tree metadata (a plain safetensors reader sees plain tensors)
     back = read_checkpoint(tmp_path / "x.safetensors")
@@ -147,7 +134,7 @@ def test_safetensors_files_and_background_saves_keep_them_too(tmp_path):
     checkpoint.save_async(full, str(tmp_path / "s"), "async", 1)
     checkpoint.wait_for_saves()
     ckstore._CACHE.clear()
-    _check_like_torch(_torch_roundtrip(full), checkpoint.load(str(tmp_path / "s"), "async", 1))
+    _check_like_torch(torch_roundtrip(full), checkpoint.load(str(tmp_path / "s"), "async", 1))
 
 
 def test_a_tied_name_still_finds_its_tensor():

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import io
+import tarfile
 from pathlib import Path
 
 from seedance_tasks.shards.tario import iter_members, iter_samples
@@ -16,3 +18,13 @@ def read_output(directory: Path) -> dict[str, dict[str, bytes]]:
                 assert sample.key not in samples, f"{sample.key} written twice"
                 samples[sample.key] = sample.members
     return samples
+
+
+def write_shard(path: Path, members: list[tuple[str, bytes]]) -> None:
+    """A plain ustar shard at `path` (its folder made) holding `members` ([(name, bytes)]) in order."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as archive:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            archive.addfile(info, io.BytesIO(data))

@@ -3,9 +3,6 @@ a `hint:`), not a success with empty shards; one good sample among bad ones is a
 
 from __future__ import annotations
 
-import io
-import tarfile
-
 import numpy as np
 import pytest
 from typer.testing import CliRunner
@@ -13,24 +10,17 @@ from typer.testing import CliRunner
 from seedance_tasks.cli import app
 from seedance_tasks.shards.sample import jpeg_bytes, photo_like
 
-
-def _shard(path, samples: dict[str, bytes]) -> None:
-    with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as archive:
-        for key, image in samples.items():
-            for ext, data in (("jpg", image), ("cls", b"1")):
-                info = tarfile.TarInfo(f"{key}.{ext}")
-                info.size = len(data)
-                archive.addfile(info, io.BytesIO(data))
+from .conftest import write_shard
 
 
 @pytest.mark.parametrize("good", [0, 1])
 def test_a_run_whose_every_sample_failed_is_an_error(tmp_path, good):
     shards = tmp_path / "shards"
-    shards.mkdir()
     samples = {f"s{n}": b"<html>not found</html>" for n in range(3)}
     if good:
         samples["ok"] = jpeg_bytes(photo_like(np.random.default_rng(0), 64, 48))
-    _shard(shards / "shard-000000.tar", samples)
+    write_shard(shards / "shard-000000.tar",
+                [(f"{key}.{ext}", data) for key, image in samples.items() for ext, data in (("jpg", image), ("cls", b"1"))])
     result = CliRunner().invoke(app, ["preprocess", "run", "--shards", str(shards), "--out", str(tmp_path / "out"),
                                       "--size", "16", "--cpu-workers", "1", "--io-workers", "1"])
     if good:

@@ -10,7 +10,6 @@ import os
 import struct
 import subprocess
 import sys
-import tarfile
 import textwrap
 import zlib
 from pathlib import Path
@@ -21,6 +20,8 @@ from PIL import Image, ImageFile, ImageOps
 
 from seedance_tasks.preprocess.pipeline import WORKER_DIED
 from seedance_tasks.preprocess.transform import ALPHA_BACKGROUND, process_batch, to_chw
+
+from .conftest import write_shard
 
 SIZE = 32
 REPO = Path(__file__).resolve().parents[2]
@@ -184,12 +185,7 @@ def test_bad_images_fail_as_their_samples_in_the_pool_workers_of_a_lenient_scrip
                ("d.jpg", encode(upright_picture(), "PNG")), ("e.jpg", encode(upright_picture(), "GIF")),
                ("f.webp", encode(upright_picture(), "WEBP"))]
     shards = tmp_path / "shards"
-    shards.mkdir()
-    with tarfile.open(shards / "shard-000000.tar", "w", format=tarfile.USTAR_FORMAT) as archive:
-        for name, data in members:
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            archive.addfile(info, io.BytesIO(data))
+    write_shard(shards / "shard-000000.tar", members)
     script = tmp_path / "train.py"
     script.write_text(textwrap.dedent(SCRIPT.format(draft=draft)))
     done = subprocess.run([sys.executable, str(script), str(shards), str(tmp_path / "out")], cwd=REPO,
@@ -235,12 +231,7 @@ def test_an_image_that_kills_its_worker_fails_alone_and_the_run_goes_on(tmp_path
     good = encode(upright_picture(), "JPEG")
     members = [(f"k{number}.jpg", b"KILLS ITS WORKER" if number in (4, 9) else good) for number in range(12)]
     shards = tmp_path / "shards"
-    shards.mkdir()
-    with tarfile.open(shards / "shard-000000.tar", "w", format=tarfile.USTAR_FORMAT) as archive:
-        for name, data in members:
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            archive.addfile(info, io.BytesIO(data))
+    write_shard(shards / "shard-000000.tar", members)
     script = tmp_path / "crashing.py"
     script.write_text(CRASHING)
     done = subprocess.run([sys.executable, str(script), str(shards), str(tmp_path / "out")], cwd=REPO,
