@@ -198,6 +198,17 @@ def markdown_literal(text: str) -> str:
     return _MARKDOWN_SPECIAL.sub(r"\\\1", one_line(utf8(str(text))))
 
 
+# inline (mail clients drop <style>): line breaks kept as written, a line too long for the window
+# wrapped at spaces, and one with none (a JSON evidence line, a URI) wherever it must
+_PRE_STYLE = "white-space:pre-wrap;word-wrap:break-word;overflow-wrap:anywhere;max-width:100%;font-family:monospace"
+
+
+def html_body(text: str) -> str:
+    """`text` as a mail's HTML body: escaped (markup from data is shown, never obeyed), its line
+    breaks kept, and every line wrapped to the reader's window rather than running off it."""
+    return f'<pre style="{_PRE_STYLE}">{html.escape(text)}</pre>'
+
+
 def send_email(to: list[str], subject: str, text: str, settings: NotificationSettings, context=None) -> None:
     """Mail `text` to `to`: through SmtpNotifier and `settings.smtp_conn_id` if set, else plain SMTP
     from `settings.smtp`. The subject is sent as `one_line`; a recipient that is not one `name@host`
@@ -214,7 +225,7 @@ def send_email(to: list[str], subject: str, text: str, settings: NotificationSet
         from airflow.providers.smtp.notifications.smtp import SmtpNotifier
 
         notifier = SmtpNotifier(to=to, from_email=settings.mail_from, subject=subject,
-                                html_content=f"<pre>{html.escape(text)}</pre>", smtp_conn_id=settings.smtp_conn_id)
+                                html_content=html_body(text), smtp_conn_id=settings.smtp_conn_id)
         from airflow.sdk.exceptions import AirflowNotFoundException
 
         try:

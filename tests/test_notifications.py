@@ -162,18 +162,24 @@ def test_a_broken_channel_is_logged_and_the_other_still_sent(failing_dag, alerti
 DATA_SUBJECT = "Idle resource arn:aws:ec2:i-1\r\nBcc: attacker@evil.example\u2028flagged"
 
 
+def _mail_settings(through: str, port: int, monkeypatch):
+    """Mail settings for the loopback server on `port`: plain `smtplib`, or Airflow's SMTP connection."""
+    from seedance_tasks.notifiers import NotificationSettings, SmtpSettings
+
+    if through == "smtplib":
+        return NotificationSettings(smtp=SmtpSettings(host="127.0.0.1", port=port))
+    monkeypatch.setenv("AIRFLOW_CONN_DATA_SMTP", smtp_connection(port))
+    return NotificationSettings(smtp_conn_id="data_smtp")
+
+
 @pytest.mark.parametrize("through", ["smtplib", "smtp connection"])
 def test_a_subject_with_line_breaks_from_data_is_sent_as_one_line(monkeypatch, through):
     """A resource id or owner name with CR/LF (or U+2028) in a subject neither adds a header nor
     stops the mail: plain SMTP refused such a header (ValueError), SmtpNotifier failed retryably."""
-    from seedance_tasks.notifiers import NotificationSettings, SmtpSettings, send_email
+    from seedance_tasks.notifiers import send_email
 
     with smtp_server() as (inbox, port):
-        if through == "smtplib":
-            settings = NotificationSettings(smtp=SmtpSettings(host="127.0.0.1", port=port))
-        else:
-            monkeypatch.setenv("AIRFLOW_CONN_DATA_SMTP", smtp_connection(port))
-            settings = NotificationSettings(smtp_conn_id="data_smtp")
+        settings = _mail_settings(through, port, monkeypatch)
         send_email(["owner@example.com"], DATA_SUBJECT, "stop it", settings)
     assert [(m.to, m.subject) for m in inbox.messages] == [
         (["owner@example.com"], "Idle resource arn:aws:ec2:i-1 Bcc: attacker@evil.example flagged")]
@@ -207,7 +213,7 @@ def test_a_message_naming_a_file_whose_name_is_not_utf8_is_sent(monkeypatch, thr
     body: UnicodeEncodeError before (a traceback, or a retryable failure that never succeeds)."""
     import os
 
-    from seedance_tasks.notifiers import NotificationSettings, SmtpSettings, post_webhook, send_email
+    from seedance_tasks.notifiers import post_webhook, send_email
 
     name = os.fsdecode(b"lake/p=\xff")
     if through == "webhook":
@@ -216,11 +222,7 @@ def test_a_message_naming_a_file_whose_name_is_not_utf8_is_sent(monkeypatch, thr
         assert received[0]["json"]["text"] == "quarantined lake/p=\\xff"
         return
     with smtp_server() as (inbox, port):
-        if through == "smtplib":
-            settings = NotificationSettings(smtp=SmtpSettings(host="127.0.0.1", port=port))
-        else:
-            monkeypatch.setenv("AIRFLOW_CONN_DATA_SMTP", smtp_connection(port))
-            settings = NotificationSettings(smtp_conn_id="data_smtp")
+        settings = _mail_settings(through, port, monkeypatch)
         send_email(["owner@example.com"], f"quarantined {name}", f"file {name} was quarantined", settings)
     [mail] = inbox.messages
     assert mail.subject == "quarantined lake/p=\\xff" and "file lake/p=\\xff was quarantined" in mail.body
@@ -248,3 +250,25 @@ def test_a_name_from_data_in_markdown_is_shown_as_itself_never_as_markup(name):
         {"deduct_day": "2026-11-04", "confirm_by": "2026-11-03T12:00:00+00:00"})
     rendered = MarkdownIt("gfm-like", {"linkify": False}).render(body)
     assert "<a " not in rendered and "<img" not in rendered
+
+
+@pytest.mark.parametrize("through", ["smtplib", "smtp connection"])
+def test_a_long_evidence_line_wraps_in_the_html_mail_and_the_text_is_unchanged(monkeypatch, through):
+    """Mail clients ignore stylesheets: a bare `<pre>` ran a long line (a finding's JSON evidence) off
+    screen. The HTML body wraps by an inline style; the text itself (and the plain-text mail) is as written."""
+    from seedance_tasks.notifiers import send_email
+
+    evidence = "evidence: " + json.dumps({f"s3://lake/table/p={i}/part-{i:05}.parquet": i for i in range(40)})
+    text = f"egress rose 80% <b>owner</b> & co\n{evidence}\nfirst seen 2026-03-01"
+    with smtp_server() as (inbox, port):
+        settings = _mail_settings(through, port, monkeypatch)
+        send_email(["owner@example.com"], "finding", text, settings)
+    [mail] = inbox.messages
+    if through == "smtplib":
+        assert mail.body.replace("\r\n", "\n").rstrip("\n") == text
+        return
+    from html import escape
+
+    style = mail.body.split("<pre style=\"", 1)[1].split("\"", 1)[0]
+    assert "white-space:pre-wrap" in style and "overflow-wrap:anywhere" in style
+    assert f">{escape(text)}</pre>" in mail.body and "<b>" not in mail.body

@@ -243,6 +243,7 @@ def savings_page(result: dict[str, Any] | None, error: str | None) -> str:
     parts = []
     if error:
         parts.append(error_box(error))
+    parts += [error_box(message) for message in (result or {}).get("errors", [])]
     if not result or not result["rows"]:
         parts.append("<p class='hint'>No saving reported yet: no successful run of <code>seedance_compaction</code>, "
                      "<code>seedance_checkpoints</code> or <code>seedance_checkpoint_lifecycle</code> (applied) has "
@@ -259,7 +260,9 @@ def savings_page(result: dict[str, Any] | None, error: str | None) -> str:
     parts.append(svg.stacked("Saved per month (USD a month)", months, series, lambda v: svg.money(v, "USD")))
     parts.append(table(
         ["pipeline", "month", "runs", "saved (USD a month)", "S3 requests a month", "bytes saved", "moved to colder tiers"],
-        [[row.pipeline, row.month, row.runs,
+        [[row.pipeline, row.month,
+          Raw(escape(str(row.runs)) + (f" <span class='err'>{row.unreadable} figure(s) unreadable, see above</span>"
+                                       if row.unreadable else "")),
           Raw(amount(row.usd, "USD", pipeline=row.pipeline, month=row.month)
               + (" <span class='muted'>(est. at the hot-tier price)</span>" if row.usd_estimated else "")),
           f"{row.requests:,}" if row.requests else "—", format_size(row.bytes_saved) if row.bytes_saved else "—",

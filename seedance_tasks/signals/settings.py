@@ -9,7 +9,7 @@ from decimal import Decimal
 
 from pydantic import Field, field_validator, model_validator
 
-from seedance_tasks.notifiers import ENV_NAME, WebhookRef
+from seedance_tasks.notifiers import ENV_NAME, WebhookRef, email_list
 from seedance_tasks.settings_base import StrictModel
 from seedance_tasks.units import ByteSize, Duration
 
@@ -39,6 +39,33 @@ class SignalsSettings(StrictModel):
             except re.error as exc:
                 raise ValueError(f"{pattern!r} is not a regular expression ({exc})") from None
         return patterns
+
+    @field_validator("contacts", mode="before")
+    @classmethod
+    def _contacts_are_owners_and_addresses(cls, value):
+        """Each key is an owner as findings name it (a tag value: surrounding spaces dropped, never
+        blank, no two keys alike once stripped), each value one `name@host` address; refused at load,
+        naming the key, rather than when a finding's mail is sent."""
+        from seedance_tasks.cost.owners import owner_name
+
+        if not isinstance(value, dict):
+            return value
+        checked: dict = {}
+        for key, address in value.items():
+            try:
+                owner = owner_name(key)
+                if owner in checked:
+                    raise ValueError(f"{owner!r} is given twice (keys compare without surrounding spaces)")
+                (checked[owner],) = email_list(address) if isinstance(address, str) else (address,)
+            except ValueError as exc:
+                raise ValueError(f"contact {key!r}: {exc}") from None
+        return checked
+
+    @field_validator("default_contact", mode="before")
+    @classmethod
+    def _default_contact_is_an_address(cls, value):
+        """One `name@host` address (or null), checked at load."""
+        return email_list(value)[0] if isinstance(value, str) else value
 
     @model_validator(mode="after")
     def _cold_below_hot(self):

@@ -268,6 +268,30 @@ def test_thresholds_out_of_range_are_refused_naming_the_key(monkeypatch, key, va
     assert key.lower() in caught.value.message or "cold_price_per_gb_month" in caught.value.message
 
 
+@pytest.mark.parametrize(("contacts", "default", "named"), [
+    ('{"team-a": "not an address"}', None, "'team-a'"),
+    ('{"team-a": "ops@example.com", "team-b": "a@b@c"}', None, "'team-b'"),
+    ('{"team-a": ["ops@example.com"]}', None, "team-a"),
+    ('{"  ": "ops@example.com"}', None, "'  '"),
+    ('{"team-a": "a@example.com", " team-a ": "b@example.com"}', None, "given twice"),
+    ("{}", "nobody", "default_contact"),
+])
+def test_a_malformed_contact_is_refused_at_load_naming_its_key(monkeypatch, contacts, default, named):
+    from seedance_tasks.config import load_section
+
+    monkeypatch.setenv("SEEDANCE__SIGNALS__CONTACTS", contacts)
+    if default is not None:
+        monkeypatch.setenv("SEEDANCE__SIGNALS__DEFAULT_CONTACT", default)
+    with pytest.raises(ConfigError) as caught:
+        load_section("signals")
+    assert named in caught.value.message and "signals." in caught.value.message
+
+
+def test_contacts_are_keyed_by_the_owner_as_tags_give_it():
+    loaded = settings(contacts={" team-a ": " ops@example.com "}, default_contact=" all@example.com")
+    assert loaded.contacts == {"team-a": "ops@example.com"} and loaded.default_contact == "all@example.com"
+
+
 def test_a_right_sizing_target_of_zero_cannot_reach_a_rule():
     with pytest.raises(Exception, match="target_cpu_percent"):
         settings(target_cpu_percent="0")
