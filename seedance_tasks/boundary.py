@@ -67,6 +67,16 @@ def debug_enabled() -> bool:
     return os.environ.get(DEBUG_ENV, "").strip().lower() in {"1", "true", "yes", "on"}
 
 
+def utf8(text: str) -> str:
+    """`text` as UTF-8 can carry it: the bytes of a name that did not decode (Python's surrogate
+    escapes, as `os.listdir` gives them) shown as `\\xNN`, any other lone surrogate as `\\udNNN`;
+    a message or listing naming such a file is shown rather than failing."""
+    try:
+        return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def first_line(text: str, limit: int = 400) -> str:
     """The first non-empty line of `text`, cut to `limit` characters."""
     for line in str(text).splitlines():
@@ -193,11 +203,8 @@ def classify(exc: BaseException) -> SeedanceError:
                           hint="the input lacks a field this step needs; check the file, or rerun with --debug "
                           "and report it if the input is right")
     if isinstance(exc, UnicodeEncodeError) and isinstance(exc.object, str):
-        try:
-            shown = os.fsencode(exc.object).decode("utf-8", "backslashreplace")  # undecodable bytes as \xNN
-        except UnicodeError:  # a lone surrogate that no byte escapes to
-            shown = exc.object.encode("utf-8", "backslashreplace").decode("utf-8")
-        return InputError(f"a name or text that is not valid {exc.encoding}: {first_line(shown, 200)}{_notes(exc)}",
+        return InputError(f"a name or text that is not valid {exc.encoding}: {first_line(utf8(exc.object), 200)}"
+                          f"{_notes(exc)}",
                           hint="rename the file or folder to UTF-8 (e.g. with convmv), or give a path without it")
     if isinstance(exc, UnicodeDecodeError):
         return InputError(f"cannot decode text as {exc.encoding} at byte {exc.start}{_notes(exc)}",

@@ -276,9 +276,8 @@ def release_run_lease(uri: str, name: str) -> bool:
     record = lease.current(root, name)
     if record is None or record.holder != holder:
         return False
-    try:  # taken back (re-entrant for our holder) and released by the block's end
-        with lease.holding(root, name, holder=holder, purpose="release at the end of the DAG run"):
-            pass
+    try:  # taken back (re-entrant for our holder), then released
+        lease.acquire(root, name, holder=holder, purpose="release at the end of the DAG run").release()
     except lease.LeaseHeldError:  # taken over by another writer since it went stale: not ours any more
         return False
     log.info("released the lease %s of %s", name, root.uri)

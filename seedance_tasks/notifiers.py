@@ -25,6 +25,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from seedance_tasks.boundary import utf8
 from seedance_tasks.errors import ConfigError, UnavailableError
 from seedance_tasks.settings_base import StrictModel
 from seedance_tasks.units import Duration
@@ -170,16 +171,6 @@ def send_webhook(ref: WebhookRef, subject: str, text: str) -> None:
     """Resolve `ref` and post `*subject*\\ntext` to it, the subject as `one_line` (ConfigError /
     UnavailableError name the ref)."""
     post_webhook(webhook_url(ref), f"*{one_line(subject)}*\n{text}", name=ref.webhook_name)
-
-
-def utf8(text: str) -> str:
-    """`text` as UTF-8 can carry it: the bytes of a name that did not decode (Python's surrogate
-    escapes, as `os.listdir` gives them) shown as `\\xNN`, any other lone surrogate as `\\udNNN`;
-    a message naming such a file is sent rather than failing (and failing again on every retry)."""
-    try:
-        return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
-    except UnicodeEncodeError:
-        return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def one_line(text: str) -> str:

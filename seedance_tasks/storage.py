@@ -23,6 +23,7 @@ from urllib.parse import unquote, urlparse
 import pyarrow.fs as pafs
 
 from seedance_tasks import faults
+from seedance_tasks.boundary import utf8
 from seedance_tasks.errors import IntegrityError, UsageError
 
 SEEDANCE_DIR = "_seedance"
@@ -262,7 +263,7 @@ def _walk_local(location: Location, include_hidden: bool) -> Listing:
             if not include_hidden and entry.name.startswith(("_", ".")):
                 continue
             if not is_utf8(entry.name):
-                undecodable.append(os.fsencode(relative).decode("utf-8", "backslashreplace"))
+                undecodable.append(utf8(relative))
             elif entry.is_symlink():
                 symlinks.append(relative)
             elif entry.is_dir(follow_symlinks=False):

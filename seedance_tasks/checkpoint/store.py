@@ -62,6 +62,7 @@ from seedance_tasks.checkpoint.catalog import (  # noqa: F401 - re-exported: the
     existing_store,
     explain_unreadable,
     manifest_path,
+    manifests,
     note_restore,
     read_manifest,
     read_run,
@@ -965,7 +966,7 @@ def list_checkpoints(store_uri: str, run: str | None = None, damaged: list[dict]
     rows = []
     for name in [run] if run else runs(store):
         if damaged is None:
-            found = [read_manifest(store, name, step) for step in committed_steps(store, name)]
+            found = manifests(store, name)
         else:
             found, broken = read_run(store, name)
             damaged.extend(broken)

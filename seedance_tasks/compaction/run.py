@@ -21,9 +21,10 @@ import pyarrow.fs as pafs
 
 from seedance_tasks import journal, lease, storage
 from seedance_tasks.arrow_memory import reusing_memory
+from seedance_tasks.boundary import first_line
 from seedance_tasks.compaction.plan import PLAN_HINT, CompactionPlan, plan_compaction, validated
 from seedance_tasks.compaction.settings import CompactionSettings
-from seedance_tasks.compaction.writer import JOURNAL_KIND, _first_line, compact_partition, journal_prefix
+from seedance_tasks.compaction.writer import JOURNAL_KIND, compact_partition, journal_prefix
 from seedance_tasks.errors import InputError, IntegrityError, UsageError
 from seedance_tasks.storage import Location
 
@@ -98,7 +99,8 @@ def load_plan(plan_uri: str) -> CompactionPlan:
     except FileNotFoundError:
         raise IntegrityError(f"plan {plan_uri} does not exist", hint=PLAN_HINT) from None
     except (ValueError, RecursionError) as exc:
-        raise IntegrityError(f"plan {plan_uri} is not valid JSON ({_first_line(exc)[:200]})", hint=PLAN_HINT) from None
+        raise IntegrityError(f"plan {plan_uri} is not valid JSON ({first_line(str(exc), 200)})",
+                             hint=PLAN_HINT) from None
     plan = validated(data, root, plan_uri)
     if name != f"{plan.run_id}.json":
         raise IntegrityError(f"plan {plan_uri}: its run_id {plan.run_id!r} does not match its file name",

@@ -36,6 +36,7 @@ from seedance_tasks.cost.money import (
     decimals_as_money,
     float_amount,
 )
+from seedance_tasks.cost.workdays import CURRENCY_RE  # noqa: F401 (recover imports it from here)
 from seedance_tasks.errors import InputError
 
 TS = pa.timestamp("us", tz="UTC")
@@ -77,7 +78,6 @@ CARRIED_TIMES = ["BillingPeriodStart", "BillingPeriodEnd", "ChargePeriodEnd"]
 REQUIRED = ["ChargePeriodStart", "BillingCurrency", "BilledCost", "EffectiveCost"]
 READ_COLUMNS = [*REQUIRED, "ChargePeriodEnd", *TEXT_COLUMNS, "x_Estimated"]
 NULL_STRINGS = ["NULL", "null", ""]
-CURRENCY_RE = r"^[A-Z]{3}$"
 """An ISO 4217 code, as BillingCurrency holds it."""
 _ZONE = r"([Zz]|[+-]\d\d:?\d\d)$"
 _NAMED_UTC = r"(?i)\s*(?:UTC|GMT)$"

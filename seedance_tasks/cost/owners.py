@@ -29,8 +29,7 @@ import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from seedance_tasks.config import StrictModel, load_yaml
-from seedance_tasks.cost.ingest import CURRENCY_RE
-from seedance_tasks.cost.workdays import MONTH_PATTERN
+from seedance_tasks.cost.workdays import CURRENCY_RE, MONTH_PATTERN
 from seedance_tasks.errors import YAML_HINT, ConfigError, yaml_problem
 from seedance_tasks.notifiers import WebhookRef, email_list
 

@@ -71,6 +71,8 @@ MONTH_FORM_PATTERN = r"^[0-9]{4}-(0[1-9]|1[0-2])(?![\s\S])"
 """MONTH_PATTERN for a trigger form's JSON schema, checked by Python's `re.search` (jsonschema)
 and the browser's RegExp alike: nothing may follow the month (Python's `$` also matches before a
 final newline, which `parse_month` refuses)."""
+CURRENCY_RE = r"^[A-Z]{3}$"
+"""An ISO 4217 currency code as FOCUS writes it (BillingCurrency), and as budgets name it."""
 LAST_MONTH = "9998-12"
 """The last month Seedance takes: a later one's deadlines and bounds would pass year 9999."""
 

@@ -12,7 +12,6 @@ from typing import Any
 from seedance_tasks import storage
 from seedance_tasks.cost.money import display
 from seedance_tasks.cost.notify import Ledger
-from seedance_tasks.errors import InputError
 from seedance_tasks.notifiers import NotificationSettings, one_line, send_email, send_webhook
 from seedance_tasks.signals.audit import night_findings
 from seedance_tasks.signals.model import SEVERITIES
@@ -27,15 +26,7 @@ def ledger(root: storage.Location, name: str = "sent.json") -> Ledger:
     or triggered rather than everything again)."""
     state = root.child(STATE)
     state.fs.create_dir(state.path, recursive=True)
-    try:
-        book = Ledger(state, name)
-    except (ValueError, UnicodeDecodeError) as exc:  # JSONDecodeError is a ValueError
-        raise InputError(f"{state.uri_of(state.join(name))}: unreadable ledger ({str(exc)[:200]})",
-                         hint="restore it from a backup; moved aside, every open finding would be sent again") from None
-    if not isinstance(book.entries, dict):
-        raise InputError(f"{state.uri_of(state.join(name))}: not a ledger (a JSON object of keys)",
-                         hint="restore it from a backup; moved aside, every open finding would be sent again")
-    return book
+    return Ledger(state, name)  # a damaged one is an InputError naming it (Ledger._load)
 
 
 def _key(kind: str, finding: dict[str, Any]) -> str:

@@ -45,19 +45,6 @@ def _topology(topology: str | None, detect: bool, machine: int):
 
 TOPOLOGY_HINT = ("save a machine's matrix with `nvidia-smi topo -m > topo.txt` and pass that file, or run on "
                  "the GPU machine with --detect")
-SET_HINT = "write each override as NAME=value, e.g. --set NCCL_DEBUG=INFO (repeat --set for more)"
-
-
-def _overrides(items: list[str] | None) -> dict[str, str]:
-    """The --set NAME=value items as a dict (`envvars.parse_assignments`); a malformed item is a
-    UsageError naming it, with how to write one."""
-    from seedance_tasks.errors import UsageError
-    from seedance_tasks.training import envvars
-
-    try:
-        return envvars.parse_assignments(items)
-    except UsageError as exc:
-        raise UsageError(exc.message, hint=exc.hint or SET_HINT) from None
 
 
 def _render_plan(plan: dict) -> None:
@@ -105,6 +92,7 @@ def plan_command(
 ) -> None:
     """Derive the NCCL/PyTorch environment, per-rank NIC and CPU binding, and the torchrun command."""
     from seedance_tasks.config import load_settings
+    from seedance_tasks.training import envvars
     from seedance_tasks.training.plan import make_plan
 
     cfg = load_settings().training
@@ -113,7 +101,7 @@ def plan_command(
         nodes=nodes or cfg.nnodes,
         nproc_per_node=cfg.nproc_per_node if nproc_per_node is None else nproc_per_node,
         profile=profile or cfg.profile,
-        overrides=_overrides(overrides),
+        overrides=envvars.parse_assignments(overrides),
         backend=cfg.backend,
         nccl_debug=cfg.nccl_debug,
         max_restarts=cfg.max_restarts if max_restarts is None else max_restarts,
@@ -146,6 +134,7 @@ def launch_command(
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Run the reference trainer under torchrun with the planned environment; stream its logs."""
+    from seedance_tasks.training import envvars
     from seedance_tasks.training.launch import launch
 
     printer = err_console if as_json else console
@@ -154,7 +143,7 @@ def launch_command(
         nproc_per_node=nproc_per_node, nnodes=nnodes, rdzv_endpoint=rdzv_endpoint, backend=backend,
         steps=steps, checkpoint_store=checkpoint_store, run=run, checkpoint_every=checkpoint_every, data=data,
         max_restarts=max_restarts, profile=profile, nic_transport=nic_transport,
-        overrides=_overrides(overrides),
+        overrides=envvars.parse_assignments(overrides),
         log_dir=log_dir, on_line=lambda line: printer.print(line, markup=False, highlight=False),
     )
     result = {key: value for key, value in result.items() if key != "trajectory"}

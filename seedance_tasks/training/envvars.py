@@ -195,7 +195,7 @@ def _as_value(name: str, value: object) -> tuple[str | None, str | None]:
     refused."""
     if isinstance(value, bool):
         return ("1" if value else "0"), None
-    if isinstance(value, int | float) and not isinstance(value, bool):
+    if isinstance(value, int | float):
         return str(value), None
     if not isinstance(value, str):
         return None, f"{name}: a {type(value).__name__} is not a value (give a string or a number)"
@@ -244,12 +244,15 @@ def validate(overrides: dict[str, object], *, source: str = "overrides") -> dict
     return clean
 
 
+SET_HINT = "write each override as NAME=value, e.g. --set NCCL_DEBUG=INFO (repeat --set for more)"
+
+
 def parse_assignments(items: list[str] | None) -> dict[str, str]:
     """`["NAME=value", ...]` (the CLI's --set) -> dict; UsageError on an item without `=`."""
     parsed: dict[str, str] = {}
     for item in items or []:
         if "=" not in item:
-            raise UsageError(f"--set {item!r}: expected NAME=value")
+            raise UsageError(f"--set {item!r}: expected NAME=value", hint=SET_HINT)
         name, value = item.split("=", 1)
         parsed[name.strip()] = value
     return parsed

@@ -220,7 +220,7 @@ def parse_nccl_log(text: str) -> dict[str, Any]:
         if found := list(_TIMEOUT_RE.finditer(line)):  # two ranks' messages can share a line
             tagged = _prefix_rank(raw)  # for a message that names no rank itself
             timeouts.extend({
-                "rank": _int_or_none(match["rank"]) if match["rank"] is not None else tagged, "op": match["op"], "seq": _int_or_none(match["seq"]),
+                "rank": int(match["rank"]) if match["rank"] is not None else tagged, "op": match["op"], "seq": _int_or_none(match["seq"]),
                 "timeout_ms": int(match["timeout"]), "ran_ms": int(match["ran"]),
                 "numel": int(match["numel"]) if match["numel"] else None,
             } for match in found)
