@@ -8,7 +8,9 @@ COPY --chown=airflow:root requirements.txt /opt/seedance/requirements.txt
 # --build-arg PIP_EXTRA_INDEX_URL=<your CPU wheel index or mirror>.
 ARG PIP_EXTRA_INDEX_URL=""
 RUN pip install --no-cache-dir -r /opt/seedance/requirements.txt
-COPY --chown=airflow:root pyproject.toml README.md /opt/seedance/
+COPY --chown=airflow:root pyproject.toml setup.py README.md /opt/seedance/
 COPY --chown=airflow:root seedance_tasks /opt/seedance/seedance_tasks
+# setup.py builds the optional C resize (seedance_tasks/preprocess/_resample.c) where a compiler is
+# in the image; without one the install goes on and preprocessing uses Pillow's resize (same bytes).
 RUN pip install --no-cache-dir --no-deps /opt/seedance
 ENV SEEDANCE_CONFIG=/opt/airflow/seedance-config/seedance.yaml

@@ -4,18 +4,22 @@ decode and writing the SAME bytes.
 
 The work, for every peer: read the samples from WebDataset tar shards on local disk, decode the
 JPEG, resize the short side to 224 and center-crop (bilinear), convert to a uint8 array (3, 224,
-224), write it as KEY.npy (plus KEY.cls) into output tar shards with their sha256. Every peer
-calls the same function for the image work (`seedance_tasks.preprocess.transform.to_chw`), so a
-gain can only come from the pipeline around it.
+224), write it as KEY.npy (plus KEY.cls) into output tar shards with their sha256. The
+DataLoader's per-sample function is the plain Pillow transform (`to_chw(..., fast=False)`:
+`Image.open`, `Image.resize(BILINEAR, box=...)`, `np.asarray(...).transpose`); seedance runs the
+same decode and its fast resize (`seedance_tasks.preprocess.fastresize`: Pillow's own fixed-point
+bilinear arithmetic in C, with AVX2, written straight to CHW). The bytes are the same: the bench
+digests every output member of both and fails if they differ.
 
 Rows:
 - headline: seedance vs the DataLoader, both decoding every JPEG in full;
 - reduced-size decode (libjpeg DCT scaling through PIL's `draft`), its own rows: seedance and the
   DataLoader both with it, and its quality cost, the PSNR of its outputs against the full
   decode's (mean and min over every sample);
-- the transform alone in one process, on images already in memory: the CPU a sample costs
-  without any pipeline. CPU-bound on the same cores, a pipeline cannot beat the DataLoader by
-  more than the DataLoader's CPU per sample over this (the "ceiling" line).
+- the transform alone in one process, on images already in memory, Pillow's and seedance's: the
+  CPU a sample costs without any pipeline. CPU-bound on the same cores, a pipeline running
+  Pillow's transform cannot beat the DataLoader by more than the DataLoader's CPU per sample over
+  Pillow's transform alone (the "ceiling" line); the rest of seedance's lead is its resize.
 
 Every peer runs in a fresh process (`bench/_peers.py`): seconds are its timed section, CPU is
 user+system of its whole process tree (worker processes included, reaped or not), memory is its
@@ -147,13 +151,14 @@ def run_seedance(shards: Path, out: Path, draft: bool) -> dict:
 
     result = run(str(shards), str(out), settings=PreprocessSettings(size=SIZE, draft=draft))
     return {"samples": result["samples_out"], "shares": result["stage_shares"],
-            "pools": f"{result['io_workers']} I/O thread(s) + {result['cpu_workers']} process(es)",
+            "pools": (f"{result['cpu_workers']} process(es), whole shards each" if result["parallel"] == "shards"
+                      else f"{result['io_workers']} I/O thread(s) + {result['cpu_workers']} process(es)"),
             "cpu_parts": result["cpu_seconds"], "stage_seconds": result["stage_seconds"]}
 
 
 class _Transform:
-    """The DataLoader peer's per-sample work (picklable for its worker processes): seedance's own
-    `to_chw`, so both sides run the identical decode + resize + convert."""
+    """The DataLoader peer's per-sample work (picklable for its worker processes): the plain
+    Pillow transform (`to_chw` with `fast=False`), the same decode and output bytes as seedance's."""
 
     def __init__(self, draft: bool):
         self.draft = draft
@@ -161,7 +166,7 @@ class _Transform:
     def __call__(self, sample: dict) -> tuple:
         from seedance_tasks.preprocess.transform import to_chw
 
-        return sample["__key__"], to_chw(sample["jpg"], SIZE, draft=self.draft), int(sample["cls"])
+        return sample["__key__"], to_chw(sample["jpg"], SIZE, draft=self.draft, fast=False), int(sample["cls"])
 
 
 def run_dataloader(shards: Path, out: Path, draft: bool) -> dict:
@@ -202,12 +207,13 @@ def run_transform_only(shards: Path, count: int) -> dict:
             break
     result: dict = {"images": len(images)}
     for decode in (FULL, REDUCED):
-        timings = [0.0, 0.0, 0.0]
-        started = time.process_time()
-        for data in images:
-            to_chw(data, SIZE, draft=decode == REDUCED, timings=timings)
-        result[f"cpu_ms_{decode}"] = 1000 * (time.process_time() - started) / len(images)
-        result[f"stages_ms_{decode}"] = [round(1000 * t / len(images), 2) for t in timings]
+        for fast, which in ((False, "pillow"), (True, "seedance")):
+            timings = [0.0, 0.0, 0.0]
+            started = time.process_time()
+            for data in images:
+                to_chw(data, SIZE, draft=decode == REDUCED, timings=timings, fast=fast)
+            result[f"cpu_ms_{decode}_{which}"] = 1000 * (time.process_time() - started) / len(images)
+            result[f"stages_ms_{decode}_{which}"] = [round(1000 * t / len(images), 2) for t in timings]
     return result
 
 
@@ -338,8 +344,10 @@ def main() -> int:
 
     def progress(name: str, index: int, result: dict) -> None:
         if name == TRANSFORM:
-            print(f"  round {index + 1}, {name}: {result['cpu_ms_full']:.2f} CPU ms/sample full decode, "
-                  f"{result['cpu_ms_reduced']:.2f} reduced", file=sys.stderr, flush=True)
+            print(f"  round {index + 1}, {name}: Pillow's {result['cpu_ms_full_pillow']:.2f} CPU ms/sample full "
+                  f"decode, {result['cpu_ms_reduced_pillow']:.2f} reduced; seedance's "
+                  f"{result['cpu_ms_full_seedance']:.2f} and {result['cpu_ms_reduced_seedance']:.2f}",
+                  file=sys.stderr, flush=True)
             return
         print(f"  round {index + 1}, {name}: {samples / result['seconds']:.0f} samples/s, "
               f"{1000 * result['cpu'] / samples:.2f} CPU ms/sample", file=sys.stderr, flush=True)
@@ -380,13 +388,14 @@ def main() -> int:
           f"PSNR vs full decode mean {quality['mean']:.2f} dB, min {quality['min']:.2f} dB "
           f"over {quality['samples']:,} samples")
     for decode, loader_name in ((FULL, HEADLINE[1]), (REDUCED, "DataLoader(2), reduced decode (draft)")):
-        ceilings = [loader["cpu_ms"] / alone[f"cpu_ms_{decode}"] for loader, alone in zip(runs[loader_name], transform,
-                                                                                          strict=True)]
-        print(f"transform alone, {decode} decode ({transform[0]['images']} images in memory, 1 process): "
-              f"{_peers.spread(transform, f'cpu_ms_{decode}')} CPU ms/sample (decode/resize/convert "
-              f"{transform[0][f'stages_ms_{decode}']} ms wall); ceiling = DL(2)'s CPU ms/sample / this = "
-              f"{statistics.median(ceilings):.2f}x ({min(ceilings):.2f}-{max(ceilings):.2f}): the most a pipeline "
-              "with zero overhead could gain on CPU-bound cores")
+        pillow, ours_alone = f"cpu_ms_{decode}_pillow", f"cpu_ms_{decode}_seedance"
+        ceilings = [loader["cpu_ms"] / alone[pillow] for loader, alone in zip(runs[loader_name], transform, strict=True)]
+        print(f"transform alone, {decode} decode ({transform[0]['images']} images in memory, 1 process): Pillow's "
+              f"{_peers.spread(transform, pillow)} CPU ms/sample (decode/resize/convert "
+              f"{transform[0][f'stages_ms_{decode}_pillow']} ms wall), seedance's {_peers.spread(transform, ours_alone)}"
+              f" ({transform[0][f'stages_ms_{decode}_seedance']}); ceiling over Pillow's transform = DL(2)'s CPU "
+              f"ms/sample / Pillow's = {statistics.median(ceilings):.2f}x ({min(ceilings):.2f}-{max(ceilings):.2f}): "
+              "the most a pipeline with zero overhead could gain on CPU-bound cores without a faster transform")
     for name in ("seedance, full decode", "seedance, reduced decode (draft)"):
         shares = runs[name][0]["shares"]
         print(f"{name} stage shares: " + ", ".join(f"{k} {v:.0%}" for k, v in shares.items()))

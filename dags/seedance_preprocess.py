@@ -74,6 +74,10 @@ PREPROCESSED_SHARDS = Asset(name="seedance_preprocessed_shards", uri="seedance:/
         "cpu_workers": optional_param("CPU processes", "Per task; 0 = one per core.",
                                       empty=from_config("preprocess.cpu_workers"), section="Preprocessing",
                                       type="integer", minimum=0, maximum=256),
+        "parallel": optional_param(
+            "Parallel by", "shards = each CPU process does whole shards (fastest; local disk only); samples = I/O "
+            "threads feed image batches to the CPU processes (any storage); auto = shards where they can.",
+            empty=from_config("preprocess.parallel"), section="Preprocessing", enum=["auto", "shards", "samples"]),
         "shards_per_group": optional_param(
             "Shards per task", "One mapped preprocessing task per group of this many shards.",
             empty=from_config("preprocess.shards_per_group"), section="Preprocessing", type="integer", minimum=1,

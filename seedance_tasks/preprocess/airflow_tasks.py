@@ -36,7 +36,7 @@ counts or checksums unlike the index's, an image that does not decode) still fai
 
 SHARD_PARAMS = {"shard_size": "shard_size", "check_decode": "check_decode"}
 PREPROCESS_PARAMS = {"image_size": "size", "io_workers": "io_workers", "cpu_workers": "cpu_workers",
-                     "shards_per_group": "shards_per_group"}
+                     "parallel": "parallel", "shards_per_group": "shards_per_group"}
 """DAG param -> `shards:` / `preprocess:` key: a run's settings are config's sections, then these params."""
 
 
@@ -131,7 +131,7 @@ def preprocess_group_task(group: dict[str, Any], params: dict[str, Any]) -> dict
     for item in result["quarantined"]:
         log.error("error: %s\n  hint: %s", *report_lines(item))
     return {key: result.get(key) for key in ("shards", "skipped", "samples_in", "samples_out", "samples_per_s",
-                                             "stage_shares", "io_workers", "cpu_workers")} | {
+                                             "stage_shares", "parallel", "io_workers", "cpu_workers")} | {
         "failed": result["failed"][:100], "failed_count": len(result["failed"]),
         "quarantined": result["quarantined"][:100], "quarantined_count": len(result["quarantined"])}
 

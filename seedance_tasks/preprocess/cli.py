@@ -28,6 +28,8 @@ def run_command(
     size: int = typer.Option(None, min=8, help="output arrays are uint8 (3, SIZE, SIZE) [config: 224]"),
     io_workers: int = typer.Option(None, min=1, help="I/O threads [default: from a short measurement]"),
     cpu_workers: int = typer.Option(None, min=1, help="CPU worker processes [default: one per core]"),
+    parallel: str = typer.Option(None, help="shards (each CPU process does whole local shards), samples (I/O threads "
+                                 "feed image batches; any storage) or auto [config: auto]"),
     wait: str = typer.Option(None, "--wait", help="if another run is writing OUT, wait up to this long, e.g. 10m"),
     as_json: bool = JSON_OPTION,
 ) -> None:
@@ -46,7 +48,8 @@ def run_command(
     from seedance_tasks.preprocess.run import run
     from seedance_tasks.units import parse_duration
 
-    settings = settings_with(load_settings(), "preprocess", size=size, io_workers=io_workers, cpu_workers=cpu_workers)
+    settings = settings_with(load_settings(), "preprocess", size=size, io_workers=io_workers, cpu_workers=cpu_workers,
+                             parallel=parallel)
     wait_s = parse_duration(wait) if wait else 0.0
     with progress("preprocessing", enabled=not as_json) as bar:
         result = run(shards, out, settings=settings, wait_s=wait_s, on_progress=bar.update)
@@ -73,6 +76,13 @@ def report_quarantined(quarantined: list[dict]) -> None:
         err_console.print(f"[yellow]hint:[/] {escape(hint)}", highlight=False, soft_wrap=True)
 
 
+def _pools(result: dict) -> str:
+    """The run's pools in words: whole shards per process, or I/O threads feeding processes."""
+    if result.get("parallel") == "shards":
+        return f"{result['cpu_workers']} CPU process(es), each doing whole shards"
+    return f"{result['io_workers']} I/O thread(s), {result['cpu_workers']} CPU process(es)"
+
+
 def _render_run(result: dict) -> None:
     if not result["shards"]:
         done = f"all {len(result['skipped'])} shard(s) already preprocessed in {result['out']}"
@@ -84,7 +94,7 @@ def _render_run(result: dict) -> None:
     console.print(
         f"preprocessed {result['samples_in']:,} samples from {result['shards']} shard(s) into {result['out']}: "
         f"{result['samples_out']:,} written, {len(result['failed'])} failed; "
-        f"{result['samples_per_s']} samples/s ({result['io_workers']} I/O thread(s), {result['cpu_workers']} CPU process(es))",
+        f"{result['samples_per_s']} samples/s ({_pools(result)})",
         markup=False,
     )
     console.print(table("time per stage", ["stage", "seconds", "share"],

@@ -80,6 +80,18 @@ class StageTimes:
     write: float = 0.0  # the consumer's own time, if it reports it
     extra: dict[str, float] = field(default_factory=dict)
 
+    def add(self, timings: list[float]) -> None:
+        """Add [read, decode, resize, convert, write] seconds (more items are ignored)."""
+        self.read += timings[0]
+        self.decode += timings[1]
+        self.resize += timings[2]
+        self.convert += timings[3]
+        self.write += timings[4]
+
+    def merge(self, other: StageTimes) -> None:
+        """Add `other`'s stage seconds to these."""
+        self.add([other.read, other.decode, other.resize, other.convert, other.write])
+
     def shares(self) -> dict[str, float]:
         stages = {"read": self.read, "decode": self.decode, "resize": self.resize, "convert": self.convert,
                   "write": self.write}
@@ -131,8 +143,22 @@ def _pool_initializer(parent_pid: int) -> None:
     threading.Thread(target=watch, name="seedance-parent-watch", daemon=True).start()
 
 
+def new_executor(workers: int) -> ProcessPoolExecutor:
+    """A pool of `workers` CPU processes (forkserver), each leaving Ctrl-C to this process and
+    exiting once it dies (`_pool_initializer`)."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("forkserver")
+    # The fork server imports numpy and PIL once; each worker forked from it shares them instead
+    # of importing them again (about 0.1 s of CPU per worker). No effect once the process's fork
+    # server runs.
+    context.set_forkserver_preload(["__main__", "seedance_tasks.preprocess.transform",
+                                    "seedance_tasks.preprocess.shardwise"])
+    return ProcessPoolExecutor(workers, mp_context=context, initializer=_pool_initializer, initargs=(os.getpid(),))
+
+
 @contextlib.contextmanager
-def _open_members(shard: ShardRef) -> Iterator[Iterator[tuple[str, bytes]]]:
+def open_members(shard: ShardRef) -> Iterator[Iterator[tuple[str, bytes]]]:
     """The shard's (name, data) members: memory-mapped if it is a plain local tar
     (`localtar`), else streamed through the checked reader `tario.iter_members`."""
     import pyarrow.fs as pafs
@@ -225,7 +251,7 @@ class Pipeline:
             shard = self.shards[number]
             count, busy, started = 0, 0.0, time.perf_counter()
             try:
-                with _open_members(shard) as members:
+                with open_members(shard) as members:
                     for sample in iter_samples(members, shard.uri):
                         with self._lock:
                             if self.max_samples is not None and self.samples_read >= self.max_samples:
@@ -276,7 +302,7 @@ class Pipeline:
         return self._put(self._results, (future, batch, slot, executor))
 
     def _dispatcher(self, readers: int) -> None:
-        from seedance_tasks.preprocess.transform import image_extension
+        from seedance_tasks.preprocess.transform import image_extension, no_image_reason
 
         batch: list = []
         finished = 0
@@ -301,9 +327,8 @@ class Pipeline:
                 number, sample = item
                 ext = self.image_ext if self.image_ext in sample.members else image_extension(sample.members)
                 if ext is None:
-                    found = ", ".join(sorted(sample.members)) or "none"
-                    self._put(self._results, Processed(number, sample.key, None,
-                                                       f"no JPEG/PNG member (members: {found})", sample.members))
+                    self._put(self._results, Processed(number, sample.key, None, no_image_reason(sample.members),
+                                                       sample.members))
                     continue
                 others = {name: data for name, data in sample.members.items() if name != ext}
                 batch.append((number, sample.key, ext, sample.members[ext], others))
@@ -357,15 +382,7 @@ class Pipeline:
             self.wall = time.perf_counter() - started
 
     def _new_executor(self, workers: int | None = None) -> ProcessPoolExecutor:
-        import multiprocessing
-
-        context = multiprocessing.get_context("forkserver")
-        # The fork server imports numpy and PIL once; each worker forked from it shares them
-        # instead of importing them again (about 0.1 s of CPU per worker). No effect once the
-        # process's fork server runs.
-        context.set_forkserver_preload(["__main__", "seedance_tasks.preprocess.transform"])
-        return ProcessPoolExecutor(workers or self.cpu_workers, mp_context=context, initializer=_pool_initializer,
-                                   initargs=(os.getpid(),))
+        return new_executor(workers or self.cpu_workers)
 
     def _renew(self, broken: ProcessPoolExecutor) -> ProcessPoolExecutor:
         """The pool to use now that `broken` lost a worker: a new one, unless already replaced."""

@@ -1,5 +1,11 @@
 """`seedance preprocess run`: shards in, preprocessed shards out (`KEY.npy` + the other members).
 
+The work is spread over the CPU processes by whole shards (`shardwise`: each writes its shards'
+staged outputs itself) where the input and the output are local and there are enough shards,
+else by sample batches (`pipeline.Pipeline`: I/O threads, CPU processes, this process writes);
+`parallel` in the settings picks, and the summary's `parallel` says which ran. Both write the
+same bytes; shards lost with a dead worker are redone by sample batches.
+
 One output shard per input shard, with the input's name. Output shards and their done-records
 (`OUT/_seedance/preprocess/done/<name>.json`: source, samples, sha256, failed keys) are written
 hidden and published together, in one journal, when the run is complete (the journal records
@@ -32,6 +38,7 @@ them out of its shard list.
 from __future__ import annotations
 
 import ast
+import contextlib
 import hashlib
 import logging
 import posixpath
@@ -45,7 +52,8 @@ import pyarrow.fs as pafs
 
 from seedance_tasks import faults, journal, lease, storage
 from seedance_tasks.errors import InputError, IntegrityError, RefusedError, UsageError
-from seedance_tasks.preprocess.pipeline import Pipeline, Processed, ShardDone, ShardFailed
+from seedance_tasks.preprocess import shardwise
+from seedance_tasks.preprocess.pipeline import Pipeline, Processed, ShardDone, ShardFailed, StageTimes
 from seedance_tasks.preprocess.settings import PreprocessSettings
 from seedance_tasks.preprocess.sizing import choose_pools
 from seedance_tasks.preprocess.transform import npy_header
@@ -308,6 +316,15 @@ def _without(out, job: journal.Journal, prefix: str, run_id: str, names: list[st
     return second, shards, records
 
 
+def _whole_shards(todo: list, out, settings: PreprocessSettings, pools: dict) -> str | None:
+    """Why this run goes sample by sample through the `Pipeline` (None: each worker does whole
+    shards, `shardwise`): `parallel` says so, or whole shards cannot take these (`shardwise.applies`)."""
+    if settings.parallel == "samples":
+        return "parallel: samples"
+    return shardwise.applies([shard for shard, _name in todo], out.fs, pools["cpu_workers"],
+                             forced=settings.parallel == "shards")
+
+
 def _run(shards_uri: str, out_uri: str, out, pairs: list, settings: PreprocessSettings, run_id: str,
          held: lease.Lease, *, recover: bool, finalize_index: bool, advance, on_progress) -> dict[str, Any]:
     """The run itself, under the output's lease."""
@@ -344,6 +361,7 @@ def _run(shards_uri: str, out_uri: str, out, pairs: list, settings: PreprocessSe
 
     pools = choose_pools([shard for shard, _ in todo], settings.size, io_workers=settings.io_workers,
                          cpu_workers=settings.cpu_workers, draft=settings.draft)
+    whole_shards = _whole_shards(todo, out, settings, pools)
     names = [name for _shard, name in todo]
     publishes, records_staged = _staging(out, names, run_id)  # done-records published with the shards, after them
     job = journal.Journal.begin(out, f"{prefix}{run_id}", JOURNAL_KIND, publishes + records_staged,
@@ -353,10 +371,15 @@ def _run(shards_uri: str, out_uri: str, out, pairs: list, settings: PreprocessSe
     counts: dict[int, dict[str, Any]] = {number: {"seen": 0, "expected": None, "failed": []} for number in range(len(todo))}
     records: dict[int, dict] = {}
     bad_shards: set[int] = set()
-    write_time = 0.0
-    pipeline = Pipeline([shard for shard, _ in todo], size=settings.size, io_workers=pools["io_workers"],
-                        cpu_workers=pools["cpu_workers"], batch_size=settings.batch_size, draft=settings.draft,
-                        on_bad_shard="report")
+    times = StageTimes()
+    worker_cpu = 0.0
+
+    def record(number: int, nsamples: int, filesize: int, sha256: str, failed: list[dict]) -> None:
+        shard, name = todo[number]
+        records[number] = {
+            "name": name, "source": shard.uri, "source_size": shard.size, "size": settings.size,
+            "nsamples": nsamples, "filesize": filesize, "sha256": sha256, "failed": failed, "run_id": run_id,
+        }
 
     def writer_for(number: int) -> TarShardWriter:
         if number not in writers:
@@ -371,12 +394,7 @@ def _run(shards_uri: str, out_uri: str, out, pairs: list, settings: PreprocessSe
         writer = writer_for(number)
         writer.close()
         writers[number][0].close()
-        shard, name = todo[number]
-        records[number] = {
-            "name": name, "source": shard.uri, "source_size": shard.size, "size": settings.size,
-            "nsamples": writer.samples, "filesize": writer.size, "sha256": writer.sha256.hexdigest(),
-            "failed": state["failed"], "run_id": run_id,
-        }
+        record(number, writer.samples, writer.size, writer.sha256.hexdigest(), state["failed"])
 
     def quarantine(number: int, error: InputError | RefusedError) -> None:
         """Shard `number` is bad: stop writing it (its partial output stays staged, never published)."""
@@ -386,33 +404,77 @@ def _run(shards_uri: str, out_uri: str, out, pairs: list, settings: PreprocessSe
         shard, name = todo[number]
         quarantined.append(_quarantine(out, shard, name, error, run_id, recorded.get(name)))
 
+    def progress() -> None:
+        if on_progress:
+            on_progress(len(records) + len(bad_shards), len(todo))
+
+    def by_whole_shards() -> list[int]:
+        """`shardwise`: each worker writes whole shards; returns the shards lost with a dead worker."""
+        nonlocal worker_cpu
+        lost = []
+        jobs = [(number, shard, out.join(publishes[number]["staged"])) for number, (shard, _name) in enumerate(todo)]
+        with contextlib.closing(shardwise.run_shards(jobs, size=settings.size, draft=settings.draft,
+                                                     workers=pools["cpu_workers"])) as outcomes:
+            for number, outcome in outcomes:
+                if outcome is None:
+                    lost.append(number)
+                    continue
+                counts[number]["seen"] = outcome.samples_in
+                times.add(outcome.timings)
+                worker_cpu += outcome.timings[5]
+                if isinstance(outcome, shardwise.ShardBad):
+                    quarantine(number, outcome.error())
+                else:
+                    record(number, outcome.nsamples, outcome.filesize, outcome.sha256, outcome.failed)
+                    if advance:
+                        advance(outcome.samples_in)
+                progress()
+        return lost
+
+    def by_samples(numbers: list[int]) -> None:
+        """`Pipeline`: I/O threads feed batches of images to the CPU workers; this process writes."""
+        nonlocal worker_cpu
+        pipeline = Pipeline([todo[number][0] for number in numbers], size=settings.size,
+                            io_workers=pools["io_workers"], cpu_workers=pools["cpu_workers"],
+                            batch_size=settings.batch_size, draft=settings.draft, on_bad_shard="report")
+        with contextlib.closing(pipeline):  # the pools stop before the caller rolls back, on any error
+            for item in pipeline:
+                consume(numbers[item.shard], item)
+        times.merge(pipeline.times)
+        worker_cpu += pipeline.worker_cpu
+
+    def consume(number: int, item: Processed | ShardDone | ShardFailed) -> None:
+        """One item of the sample pipeline: a sample written or failed, a shard finished or bad."""
+        if isinstance(item, ShardFailed):
+            quarantine(number, item.error)
+        elif number in bad_shards:  # cannot happen (nothing of it follows its marker); never written
+            return
+        elif isinstance(item, ShardDone):
+            counts[number]["expected"] = item.samples
+            maybe_close(number)
+            return
+        else:
+            state = counts[number]
+            state["seen"] += 1
+            if item.error is not None:
+                state["failed"].append({"shard": todo[number][0].uri, "key": item.key, "reason": item.error})
+            else:
+                t0 = time.perf_counter()
+                writer_for(number).add_sample(item.key, {**item.members, "npy": (header, item.array)})
+                times.write += time.perf_counter() - t0
+            maybe_close(number)
+            if advance:
+                advance(1)
+        progress()
+
     started = time.perf_counter()
     main_cpu = time.process_time()
     try:
-        for item in pipeline:
-            if isinstance(item, ShardFailed):
-                quarantine(item.shard, item.error)
-            elif item.shard in bad_shards:  # cannot happen (nothing of it follows its marker); never written
-                continue
-            elif isinstance(item, ShardDone):
-                counts[item.shard]["expected"] = item.samples
-                maybe_close(item.shard)
-                continue
-            else:
-                assert isinstance(item, Processed)
-                state = counts[item.shard]
-                state["seen"] += 1
-                if item.error is not None:
-                    state["failed"].append({"shard": todo[item.shard][0].uri, "key": item.key, "reason": item.error})
-                else:
-                    t0 = time.perf_counter()
-                    writer_for(item.shard).add_sample(item.key, {**item.members, "npy": (header, item.array)})
-                    write_time += time.perf_counter() - t0
-                maybe_close(item.shard)
-                if advance:
-                    advance(1)
-            if on_progress:
-                on_progress(len(records) + len(bad_shards), len(todo))
+        rest = by_whole_shards() if whole_shards is None else list(range(len(todo)))
+        if rest:
+            for number in rest:
+                counts[number] = {"seen": 0, "expected": None, "failed": []}
+            by_samples(rest)
         if len(records) + len(bad_shards) != len(todo):
             raise RuntimeError(f"pipeline ended with {len(todo) - len(records) - len(bad_shards)} shard(s) unfinished")
         good = sorted(records)
@@ -422,8 +484,8 @@ def _run(shards_uri: str, out_uri: str, out, pairs: list, settings: PreprocessSe
         elif not good:  # every shard of this run quarantined half written: nothing to publish
             job.rollback()
         faults.point("preprocess.records.before")
-        for number, record in records.items():
-            storage.write_json_atomic(out.fs, out.join(records_staged[number]["staged"]), record)
+        for number, done_record in records.items():
+            storage.write_json_atomic(out.fs, out.join(records_staged[number]["staged"]), done_record)
         faults.point("preprocess.records.after")
         held.check()  # the point of no return is ours only while the lease is
     except BaseException:
@@ -441,24 +503,25 @@ def _run(shards_uri: str, out_uri: str, out, pairs: list, settings: PreprocessSe
     faults.point("preprocess.committed")
     elapsed = time.perf_counter() - started
     main_cpu = time.process_time() - main_cpu
-    pipeline.times.write = write_time
     samples_in = sum(state["seen"] for number, state in counts.items() if number not in bad_shards)
     summary.update(
         run_id=run_id,
         shards=len(records),
         samples_in=samples_in,
         samples_out=sum(record["nsamples"] for record in records.values()),
-        failed=[failure for record in records.values() for failure in record["failed"]],
+        failed=[failure for number in sorted(records) for failure in records[number]["failed"]],
         seconds=round(elapsed, 3),
         samples_per_s=round(samples_in / elapsed, 1) if elapsed > 0 else None,
-        stage_seconds={"read": round(pipeline.times.read, 3), "decode": round(pipeline.times.decode, 3),
-                       "resize": round(pipeline.times.resize, 3), "convert": round(pipeline.times.convert, 3),
-                       "write": round(write_time, 3)},
-        stage_shares=pipeline.times.shares(),
-        cpu_seconds={"parent": round(main_cpu, 3), "workers": round(pipeline.worker_cpu, 3)},
-        io_workers=pools["io_workers"],
+        stage_seconds={"read": round(times.read, 3), "decode": round(times.decode, 3),
+                       "resize": round(times.resize, 3), "convert": round(times.convert, 3),
+                       "write": round(times.write, 3)},
+        stage_shares=times.shares(),
+        cpu_seconds={"parent": round(main_cpu, 3), "workers": round(worker_cpu, 3)},
+        parallel="shards" if whole_shards is None else "samples",
+        io_workers=0 if whole_shards is None else pools["io_workers"],
         cpu_workers=pools["cpu_workers"],
-        pools_basis=pools["basis"],
+        pools_basis=f"{pools['basis']}; " + ("each worker does whole shards" if whole_shards is None
+                                              else f"sample batches ({whole_shards})"),
         outputs=[out.uri_of(out.join(records[number]["name"])) for number in sorted(records)],
     )
     if finalize_index and (records or skipped):  # nothing left: the index stays as it was

@@ -17,6 +17,7 @@ what it writes (sha256), so shard sizes and checksums are known without re-readi
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import re
@@ -308,8 +309,26 @@ def _template(mtime: int) -> tarfile.TarInfo:
     return info
 
 
+@functools.lru_cache(maxsize=8)
+def _ustar_block(mtime: int) -> bytes:
+    """`tarfile`'s ustar header of a nameless empty member of `_template(mtime)`, checksum blank."""
+    block = bytearray(_template(mtime).tobuf(tarfile.USTAR_FORMAT, "utf-8", "strict"))
+    block[148:156] = b" " * 8
+    return bytes(block)
+
+
 def _header(template: tarfile.TarInfo, name: str, size: int) -> bytes:
-    """The header blocks of one member: ustar, or PAX where ustar cannot hold the name (or size)."""
+    """The header blocks of one member: ustar, or PAX where ustar cannot hold the name (or size).
+
+    The same bytes as `tarfile`'s `tobuf`; a plain ASCII name of up to 100 characters is filled
+    into a cached block (a tenth of the time), any other goes through `tarfile`."""
+    if len(name) <= _USTAR_NAME and name.isascii() and 0 <= size < _USTAR_NUMBER and 0 <= template.mtime < _USTAR_NUMBER:
+        block = bytearray(_ustar_block(template.mtime))
+        encoded = name.encode("ascii")
+        block[0 : len(encoded)] = encoded
+        block[124:136] = b"%011o\0" % size
+        block[148:155] = b"%06o\0" % sum(block)
+        return bytes(block)
     info = template.replace(name=name, deep=False)
     info.size = size
     try:

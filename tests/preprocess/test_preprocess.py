@@ -140,13 +140,23 @@ def test_tune_prints_the_table_it_chose_from(shards):
     assert report["chosen"] == {"io_workers": best["io_workers"], "cpu_workers": best["cpu_workers"]}
 
 
-def test_cli_run_json(tmp_path, shards):
+@pytest.mark.parametrize("parallel", ["samples", "shards"])
+def test_cli_run_json(tmp_path, shards, parallel):
     shard_dir, _keys = shards
     result = CliRunner().invoke(app, ["preprocess", "run", "--shards", str(shard_dir), "--out", str(tmp_path / "o"),
-                                      "--size", str(SIZE), "--io-workers", "1", "--cpu-workers", "1", "--json"])
+                                      "--size", str(SIZE), "--io-workers", "1", "--cpu-workers", "1",
+                                      "--parallel", parallel, "--json"])
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
-    assert report["samples_out"] == 28 and report["io_workers"] == 1 and len(report["failed"]) == 2
+    assert report["samples_out"] == 28 and len(report["failed"]) == 2
+    assert report["parallel"] == parallel and report["io_workers"] == (1 if parallel == "samples" else 0)
+
+
+def test_cli_run_names_a_bad_parallel_value(tmp_path, shards):
+    shard_dir, _keys = shards
+    result = CliRunner().invoke(app, ["preprocess", "run", "--shards", str(shard_dir), "--out", str(tmp_path / "o"),
+                                      "--parallel", "threads"])
+    assert result.exit_code != 0 and "parallel" in result.output and "Traceback" not in result.output
 
 
 def test_preprocess_dag_builds_verifies_and_preprocesses(tmp_path, run_dag):

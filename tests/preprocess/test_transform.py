@@ -21,7 +21,7 @@ from PIL import Image, ImageFile, ImageOps
 from seedance_tasks.preprocess.pipeline import WORKER_DIED
 from seedance_tasks.preprocess.transform import ALPHA_BACKGROUND, process_batch, to_chw
 
-from .conftest import write_shard
+from .conftest import run_crashing, write_shard
 
 SIZE = 32
 REPO = Path(__file__).resolve().parents[2]
@@ -200,44 +200,12 @@ def test_bad_images_fail_as_their_samples_in_the_pool_workers_of_a_lenient_scrip
     assert reasons["f"] == "no JPEG/PNG member (members: webp)"
 
 
-CRASHING = """
-import os
-
-import seedance_tasks.preprocess.transform as transform
-
-decode = transform.to_chw
-
-
-def to_chw(data, *args, **kwargs):  # stands in for a decoder crash or the OOM killer, in the worker
-    if data == b"KILLS ITS WORKER":
-        os._exit(9)
-    return decode(data, *args, **kwargs)
-
-
-transform.to_chw = to_chw  # the pool's workers import this script, so they run it too
-
-if __name__ == "__main__":
-    import json, sys
-    from seedance_tasks.preprocess.run import run
-    from seedance_tasks.preprocess.settings import PreprocessSettings
-
-    result = run(sys.argv[1], sys.argv[2], settings=PreprocessSettings(size=32, io_workers=1, cpu_workers=2,
-                                                                         batch_size=3))
-    print(json.dumps({"out": result["samples_out"], "failed": result["failed"]}))
-"""
-
-
 def test_an_image_that_kills_its_worker_fails_alone_and_the_run_goes_on(tmp_path):
     good = encode(upright_picture(), "JPEG")
     members = [(f"k{number}.jpg", b"KILLS ITS WORKER" if number in (4, 9) else good) for number in range(12)]
     shards = tmp_path / "shards"
     write_shard(shards / "shard-000000.tar", members)
-    script = tmp_path / "crashing.py"
-    script.write_text(CRASHING)
-    done = subprocess.run([sys.executable, str(script), str(shards), str(tmp_path / "out")], cwd=REPO,
-                          capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(REPO)})
-    assert done.returncode == 0, done.stderr
-    result = json.loads(done.stdout.strip().splitlines()[-1])
-    assert result["out"] == 10
+    result = run_crashing(tmp_path, shards, tmp_path / "out", size=32, io_workers=1, cpu_workers=2, batch_size=3)
+    assert result["out"] == 10 and result["parallel"] == "samples"  # one shard: sample batches
     assert {failure["key"]: failure["reason"] for failure in result["failed"]} == {
         key: f"{key}.jpg: {WORKER_DIED.removeprefix('error: ')}" for key in ("k4", "k9")}

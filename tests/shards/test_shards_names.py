@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import tarfile
 from pathlib import Path
 
 import pyarrow as pa
@@ -216,3 +217,20 @@ def test_required_members_count_extensions_as_readers_see_them_ignoring_case(tmp
     result = build(str(src), str(tmp_path / "out"), settings=PLAIN)
     assert result["rejected"] == [] and result["required_members"] == ["cls", "jpg"]
     assert webdataset_samples(tmp_path / "out") == {f"s{i}": ["cls", "jpg"] for i in range(6)}
+
+
+@pytest.mark.parametrize("mtime", [0, 1_700_000_000, 8**11 - 1, 8**11])
+def test_member_headers_are_the_bytes_tarfile_writes(mtime):
+    from seedance_tasks.shards.tario import _header, _template
+
+    template = _template(mtime)
+    names = ["a.jpg", "k" * 95 + ".npy", "d" * 100, "d" * 101, "dir/sub/key.cls", "é.txt", "x" * 60 + "/" + "y" * 60]
+    for name in names:
+        for size in (0, 1, 511, 512, 150_656, 8**11 - 1, 8**11):
+            expected = template.replace(name=name, deep=False)
+            expected.size = size
+            try:
+                want = expected.tobuf(tarfile.USTAR_FORMAT, "utf-8", "strict")
+            except ValueError:
+                want = expected.tobuf(tarfile.PAX_FORMAT, "utf-8", "strict")
+            assert _header(template, name, size) == want, (name, size)
