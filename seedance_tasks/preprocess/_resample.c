@@ -344,8 +344,7 @@ resample(const uint8_t *src, int width, int height, const float box[4], int xsiz
     if (!need_horizontal && !need_vertical) {
         planes(src, linesize, 0, xsize, ysize, out);
     } else if (!need_horizontal || !horizontal_first) {
-        const uint8_t *rows = src;
-        int rows_width = width;
+        const uint8_t *rows = src; /* `width` pixels a row, as is the vertical pass's output */
         if (need_vertical) {
             acc = malloc((size_t)width * 4 * sizeof(int32_t));
             temp = need_horizontal ? malloc((size_t)width * ysize * 4) : NULL;
@@ -364,7 +363,7 @@ resample(const uint8_t *src, int width, int height, const float box[4], int xsiz
         if (!temp2) {
             goto done;
         }
-        horizontal(rows, (Py_ssize_t)rows_width * 4, 0, ysize, temp2, xsize, ksize_h, bounds_h, kk_h, rows_width);
+        horizontal(rows, linesize, 0, ysize, temp2, xsize, ksize_h, bounds_h, kk_h, width);
         planes(temp2, (Py_ssize_t)xsize * 4, 0, xsize, ysize, out);
     } else {
         int first = bounds_v[0];
@@ -413,16 +412,17 @@ rgbx_to_chw(PyObject *self, PyObject *args) {
     if (width < 1 || height < 1 || xsize < 1 || ysize < 1 || src.len < (Py_ssize_t)width * height * 4 ||
         out.len < (Py_ssize_t)xsize * ysize * 3) {
         PyErr_SetString(PyExc_ValueError, "buffer sizes do not match the image and output sizes");
-    } else if (box[0] < 0 || box[1] < 0 || box[2] > width || box[3] > height || box[2] - box[0] <= 0 ||
-               box[3] - box[1] <= 0) {
-        PyErr_SetString(PyExc_ValueError, "box outside the image, or empty");
+    } else if (!(box[0] >= 0 && box[1] >= 0 && box[2] <= width && box[3] <= height && box[2] - box[0] > 0 &&
+                 box[3] - box[1] > 0)) { /* written so that a NaN fails too */
+        PyErr_SetString(PyExc_ValueError, "box outside the image, empty or not a number");
     } else {
         int status;
-        Py_BEGIN_ALLOW_THREADS status = resample(src.buf, width, height, box, xsize, ysize, out.buf);
-        Py_END_ALLOW_THREADS if (status) {
+        Py_BEGIN_ALLOW_THREADS
+        status = resample(src.buf, width, height, box, xsize, ysize, out.buf);
+        Py_END_ALLOW_THREADS
+        if (status) {
             PyErr_NoMemory();
-        }
-        else {
+        } else {
             result = Py_NewRef(Py_None);
         }
     }

@@ -80,17 +80,13 @@ class StageTimes:
     write: float = 0.0  # the consumer's own time, if it reports it
     extra: dict[str, float] = field(default_factory=dict)
 
-    def add(self, timings: list[float]) -> None:
-        """Add [read, decode, resize, convert, write] seconds (more items are ignored)."""
-        self.read += timings[0]
-        self.decode += timings[1]
-        self.resize += timings[2]
-        self.convert += timings[3]
-        self.write += timings[4]
-
     def merge(self, other: StageTimes) -> None:
         """Add `other`'s stage seconds to these."""
-        self.add([other.read, other.decode, other.resize, other.convert, other.write])
+        self.read += other.read
+        self.decode += other.decode
+        self.resize += other.resize
+        self.convert += other.convert
+        self.write += other.write
 
     def shares(self) -> dict[str, float]:
         stages = {"read": self.read, "decode": self.decode, "resize": self.resize, "convert": self.convert,

@@ -316,7 +316,7 @@ def _without(out, job: journal.Journal, prefix: str, run_id: str, names: list[st
     return second, shards, records
 
 
-def _whole_shards(todo: list, out, settings: PreprocessSettings, pools: dict) -> str | None:
+def _samples_why(todo: list, out, settings: PreprocessSettings, pools: dict) -> str | None:
     """Why this run goes sample by sample through the `Pipeline` (None: each worker does whole
     shards, `shardwise`): `parallel` says so, or whole shards cannot take these (`shardwise.applies`)."""
     if settings.parallel == "samples":
@@ -361,7 +361,7 @@ def _run(shards_uri: str, out_uri: str, out, pairs: list, settings: PreprocessSe
 
     pools = choose_pools([shard for shard, _ in todo], settings.size, io_workers=settings.io_workers,
                          cpu_workers=settings.cpu_workers, draft=settings.draft)
-    whole_shards = _whole_shards(todo, out, settings, pools)
+    samples_why = _samples_why(todo, out, settings, pools)
     names = [name for _shard, name in todo]
     publishes, records_staged = _staging(out, names, run_id)  # done-records published with the shards, after them
     job = journal.Journal.begin(out, f"{prefix}{run_id}", JOURNAL_KIND, publishes + records_staged,
@@ -420,8 +420,8 @@ def _run(shards_uri: str, out_uri: str, out, pairs: list, settings: PreprocessSe
                     lost.append(number)
                     continue
                 counts[number]["seen"] = outcome.samples_in
-                times.add(outcome.timings)
-                worker_cpu += outcome.timings[5]
+                times.merge(outcome.times)
+                worker_cpu += outcome.cpu
                 if isinstance(outcome, shardwise.ShardBad):
                     quarantine(number, outcome.error())
                 else:
@@ -470,10 +470,8 @@ def _run(shards_uri: str, out_uri: str, out, pairs: list, settings: PreprocessSe
     started = time.perf_counter()
     main_cpu = time.process_time()
     try:
-        rest = by_whole_shards() if whole_shards is None else list(range(len(todo)))
+        rest = by_whole_shards() if samples_why is None else list(range(len(todo)))
         if rest:
-            for number in rest:
-                counts[number] = {"seen": 0, "expected": None, "failed": []}
             by_samples(rest)
         if len(records) + len(bad_shards) != len(todo):
             raise RuntimeError(f"pipeline ended with {len(todo) - len(records) - len(bad_shards)} shard(s) unfinished")
@@ -517,11 +515,11 @@ def _run(shards_uri: str, out_uri: str, out, pairs: list, settings: PreprocessSe
                        "write": round(times.write, 3)},
         stage_shares=times.shares(),
         cpu_seconds={"parent": round(main_cpu, 3), "workers": round(worker_cpu, 3)},
-        parallel="shards" if whole_shards is None else "samples",
-        io_workers=0 if whole_shards is None else pools["io_workers"],
+        parallel="shards" if samples_why is None else "samples",
+        io_workers=0 if samples_why is None else pools["io_workers"],
         cpu_workers=pools["cpu_workers"],
-        pools_basis=f"{pools['basis']}; " + ("each worker does whole shards" if whole_shards is None
-                                              else f"sample batches ({whole_shards})"),
+        pools_basis=f"{pools['basis']}; " + ("each worker does whole shards" if samples_why is None
+                                              else f"sample batches ({samples_why})"),
         outputs=[out.uri_of(out.join(records[number]["name"])) for number in sorted(records)],
     )
     if finalize_index and (records or skipped):  # nothing left: the index stays as it was

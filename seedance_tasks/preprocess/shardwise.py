@@ -28,6 +28,7 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 
 from seedance_tasks.errors import InputError, RefusedError
+from seedance_tasks.preprocess.pipeline import StageTimes, new_executor, open_members
 from seedance_tasks.shards.index import ShardRef
 
 SHARDS_PER_WORKER = 2  # `auto` takes this path from this many shards per CPU worker up
@@ -42,7 +43,8 @@ class ShardWritten:
     filesize: int
     sha256: str
     failed: list[dict]  # {"shard", "key", "reason"} of each sample not written
-    timings: list[float] = field(default_factory=lambda: [0.0] * 6)  # read, decode, resize, convert, write, cpu
+    times: StageTimes = field(default_factory=StageTimes)
+    cpu: float = 0.0  # the worker's CPU seconds for this shard
 
 
 @dataclass
@@ -55,7 +57,8 @@ class ShardBad:
     hint: str | None
     kind: str
     samples_in: int
-    timings: list[float] = field(default_factory=lambda: [0.0] * 6)
+    times: StageTimes = field(default_factory=StageTimes)
+    cpu: float = 0.0
 
     def error(self) -> InputError | RefusedError:
         """The error again, as the parent quarantines it."""
@@ -89,7 +92,6 @@ def preprocess_shard(shard: ShardRef, staged: str, size: int, draft: bool) -> Sh
     then partial and closed). Raises any other error (the file is closed)."""
     import pyarrow.fs as pafs
 
-    from seedance_tasks.preprocess.pipeline import open_members
     from seedance_tasks.preprocess.transform import (
         failure_reason,
         image_extension,
@@ -100,11 +102,12 @@ def preprocess_shard(shard: ShardRef, staged: str, size: int, draft: bool) -> Sh
     from seedance_tasks.shards.tario import TarShardWriter, iter_samples, open_sink
 
     cpu_started = time.process_time()
-    timings = [0.0] * 6  # read, decode, resize, convert, write, cpu
-    stages = [0.0, 0.0, 0.0]
+    times = StageTimes()
+    stages = [0.0, 0.0, 0.0]  # decode, resize, convert, as `to_chw` adds them
     header = npy_header(size)
     failed: list[dict] = []
     seen = 0
+    bad: InputError | RefusedError | None = None
     sink = open_sink(pafs.LocalFileSystem(), staged)
     try:
         writer = TarShardWriter(sink)
@@ -113,8 +116,7 @@ def preprocess_shard(shard: ShardRef, staged: str, size: int, draft: bool) -> Sh
             while True:
                 t0 = time.perf_counter()
                 sample = next(samples, None)
-                t1 = time.perf_counter()
-                timings[0] += t1 - t0
+                times.read += time.perf_counter() - t0
                 if sample is None:
                     break
                 seen += 1
@@ -129,25 +131,23 @@ def preprocess_shard(shard: ShardRef, staged: str, size: int, draft: bool) -> Sh
                     failed.append({"shard": shard.uri, "key": sample.key,
                                    "reason": f"{sample.key}.{ext}: {failure_reason(exc, image)}"})
                     continue
-                t2 = time.perf_counter()
+                t0 = time.perf_counter()
                 writer.add_sample(sample.key, {**sample.members, "npy": (header, array.reshape(-1))})
-                timings[4] += time.perf_counter() - t2
-        t3 = time.perf_counter()
+                times.write += time.perf_counter() - t0
+        t0 = time.perf_counter()
         writer.close()
         sink.close()
-        timings[4] += time.perf_counter() - t3
+        times.write += time.perf_counter() - t0
     except (InputError, RefusedError) as exc:
-        sink.close()
-        timings[1:4] = stages
-        timings[5] = time.process_time() - cpu_started
-        return ShardBad(isinstance(exc, RefusedError), exc.message, exc.hint, getattr(exc, "kind", "unreadable"),
-                        seen, timings)
-    except BaseException:
-        sink.close()
-        raise
-    timings[1:4] = stages
-    timings[5] = time.process_time() - cpu_started
-    return ShardWritten(seen, writer.samples, writer.size, writer.sha256.hexdigest(), failed, timings)
+        bad = exc
+    finally:
+        sink.close()  # already closed unless something raised
+        times.decode, times.resize, times.convert = stages
+    cpu = time.process_time() - cpu_started
+    if bad is not None:
+        return ShardBad(isinstance(bad, RefusedError), bad.message, bad.hint, getattr(bad, "kind", "unreadable"),
+                        seen, times, cpu)
+    return ShardWritten(seen, writer.samples, writer.size, writer.sha256.hexdigest(), failed, times, cpu)
 
 
 def run_shards(jobs: list[tuple[int, ShardRef, str]], *, size: int, draft: bool, workers: int
@@ -160,8 +160,6 @@ def run_shards(jobs: list[tuple[int, ShardRef, str]], *, size: int, draft: bool,
     is raised here, after the pool is stopped. Close the iterator (`contextlib.closing`) when
     leaving early: the workers are stopped then too.
     """
-    from seedance_tasks.preprocess.pipeline import new_executor
-
     executor = new_executor(workers)
     lost: list[int] = []
     finished = False

@@ -91,16 +91,15 @@ def to_chw(data: bytes, size: int, *, draft: bool = True, timings: list[float] |
     if fast and image.mode == "RGB":
         direct = (out is not None and transpose is None and out.flags.c_contiguous and out.dtype == np.uint8
                   and out.shape == (3, size, size))
-        array = out if direct else np.empty((3, size, size), np.uint8)
-        if resize_chw(image, size, box, reducing_gap, array):
+        planes = out if direct else np.empty((3, size, size), np.uint8)
+        if resize_chw(image, size, box, reducing_gap, planes):
             t2 = time.perf_counter()
-            if transpose is not None or (out is not None and not direct):
-                turned = _CHW_TRANSPOSE[transpose](array) if transpose is not None else array
-                array = np.ascontiguousarray(turned) if out is None else out
-                if out is not None:
-                    np.copyto(out, turned)
+            if transpose is not None:
+                planes = _CHW_TRANSPOSE[transpose](planes)
+            if out is not None and planes is not out:
+                np.copyto(out, planes)
             _add_timings(timings, t0, t1, t2, time.perf_counter())
-            return array
+            return out if out is not None else np.ascontiguousarray(planes)
     image = image.resize((size, size), Image.Resampling.BILINEAR, box=box, reducing_gap=reducing_gap)
     if image.mode == "RGBA":  # resized premultiplied by PIL, so compositing now equals compositing first
         image = Image.alpha_composite(Image.new("RGBA", image.size, ALPHA_BACKGROUND), image).convert("RGB")

@@ -139,3 +139,15 @@ def test_to_chw_fast_writes_the_pillow_transforms_bytes(name, draft, monkeypatch
     small = to_chw(data, 32, draft=draft)
     assert np.array_equal(small, to_chw(data, 32, draft=draft, fast=False))
     assert len(calls) == (0 if name == "png rgba" else 4)  # transparency is composited by Pillow's path
+
+
+def test_a_box_that_is_not_a_number_is_refused_not_read_out_of_bounds():
+    from seedance_tasks.preprocess import _resample
+
+    image = Image.new("RGB", (40, 30))
+    import pyarrow as pa
+
+    data = pa.array(image).buffers()[-1]
+    for box in [(float("nan"), 0, 40, 30), (0, 0, float("nan"), 30), (0, 0, 41, 30), (5, 0, 5, 30)]:
+        with pytest.raises(ValueError, match="box"):
+            _resample.rgbx_to_chw(data, 40, 30, box, 8, 8, np.zeros((3, 8, 8), np.uint8))
