@@ -122,12 +122,24 @@ def parent_gone(parent_pid: int) -> bool:
     return state in (b"Z", b"X")
 
 
+_pool_parent: int | None = None  # in a pool's worker: the pid of the process that started the pool
+
+
+def exit_if_orphaned() -> None:
+    """In a pool's worker, exit now if the process that started the pool has died: a task queued
+    before it died must not start writing (its output would outlive the attempt's rollback)."""
+    if _pool_parent is not None and parent_gone(_pool_parent):
+        os._exit(1)
+
+
 def _pool_initializer(parent_pid: int) -> None:
     """Worker setup: leave Ctrl-C to the parent, and exit within a second or so once the parent
     dies (even by SIGKILL, even while it is an unreaped zombie), so no orphaned worker outlives an
     interrupted run or a killed Airflow task."""
     import signal
 
+    global _pool_parent
+    _pool_parent = parent_pid
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
     def watch() -> None:

@@ -28,7 +28,7 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 
 from seedance_tasks.errors import InputError, RefusedError
-from seedance_tasks.preprocess.pipeline import StageTimes, new_executor, open_members
+from seedance_tasks.preprocess.pipeline import StageTimes, exit_if_orphaned, new_executor, open_members
 from seedance_tasks.shards.index import ShardRef
 
 SHARDS_PER_WORKER = 2  # `auto` takes this path from this many shards per CPU worker up
@@ -101,6 +101,7 @@ def preprocess_shard(shard: ShardRef, staged: str, size: int, draft: bool) -> Sh
     )
     from seedance_tasks.shards.tario import TarShardWriter, iter_samples, open_sink
 
+    exit_if_orphaned()  # a shard queued before a SIGKILL of the run: its attempt is being rolled back
     cpu_started = time.process_time()
     times = StageTimes()
     stages = [0.0, 0.0, 0.0]  # decode, resize, convert, as `to_chw` adds them

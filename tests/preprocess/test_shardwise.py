@@ -5,6 +5,9 @@ Pipeline, any other error stopping the run with nothing published, and `auto`'s 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -151,3 +154,26 @@ def test_a_worker_that_dies_loses_only_time_its_shards_are_redone_sample_by_samp
     assert sorted(read_output(tmp_path / "out")) == sorted(f"s{n}k{k}" for n in range(4) for k in range(8)
                                                            if (n, k) != (1, 4))
     assert journal.pending(storage.resolve(str(tmp_path / "out"))) == []
+
+
+ORPHAN = """
+import subprocess, sys
+import seedance_tasks.preprocess.pipeline as pipeline
+from seedance_tasks.preprocess.shardwise import preprocess_shard
+from seedance_tasks.shards.index import resolve_shards
+
+gone = subprocess.Popen([sys.executable, "-c", "pass"])
+gone.wait()
+pipeline._pool_parent = gone.pid  # as in a worker whose run was killed while this shard was queued
+preprocess_shard(resolve_shards(sys.argv[1]).shards[0], sys.argv[2], 32, True)
+print("wrote")
+"""
+
+
+def test_a_worker_whose_run_died_starts_no_queued_shard(tmp_path, mixed):
+    shards, _keys = mixed
+    staged = tmp_path / "out" / ".staged.tar"
+    done = subprocess.run([sys.executable, "-c", ORPHAN, str(shards), str(staged)], cwd=REPO, capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert done.returncode == 1 and "wrote" not in done.stdout, done.stderr
+    assert not staged.exists()
