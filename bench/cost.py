@@ -65,6 +65,7 @@ def generate(path: Path, rows: int, seed: int = 7) -> None:
     chunk = 1_000_000
     for offset in range(0, rows, chunk):
         n = min(chunk, rows - offset)
+        hours = rng.integers(0, 30 * 24, n)
         tag_index = rng.integers(0, len(pool), n)
         tag_index[rng.random(n) < 0.12] = len(pool)  # untagged
         cents = rng.integers(-2_000, 2_000_000_000, n, dtype=np.int64)  # 1e-10 units: up to 0.2 USD
@@ -72,8 +73,8 @@ def generate(path: Path, rows: int, seed: int = 7) -> None:
         table = pa.table({
             "BillingAccountId": pa.array(np.full(n, "payer-1")),
             "SubAccountId": accounts.take(pa.array(rng.integers(0, 200, n))),
-            "ChargePeriodStart": pa.array(start + rng.integers(0, 30 * 24, n) * hour, pa.timestamp("us", "UTC")),
-            "ChargePeriodEnd": pa.array(start + (rng.integers(0, 30 * 24, n) + 1) * hour, pa.timestamp("us", "UTC")),
+            "ChargePeriodStart": pa.array(start + hours * hour, pa.timestamp("us", "UTC")),
+            "ChargePeriodEnd": pa.array(start + (hours + 1) * hour, pa.timestamp("us", "UTC")),  # hourly lines
             "BillingCurrency": pa.array(np.where(rng.random(n) < 0.95, "USD", "EUR")),
             "BilledCost": _decimal(cents),
             "EffectiveCost": _decimal(effective),
@@ -185,7 +186,7 @@ PEERS = ("duckdb", "seedance", "cli")
 
 def _data(rows: int) -> Path:
     """The month of `rows` lines, generated in a process of its own (once; kept under bench/_work)."""
-    path = WORK / f"focus-{MONTH}-{rows}.parquet"
+    path = WORK / f"focus-{MONTH}-{rows}-v2.parquet"  # v2: every ChargePeriodEnd after its start
     if not path.exists():
         print(f"generating {rows:,} FOCUS rows -> {path} ...", flush=True)
         started = time.perf_counter()

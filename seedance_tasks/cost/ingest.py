@@ -506,14 +506,10 @@ def normalise(
         keep = np.ones(length, bool)
         keep[list(reasons)] = False
         batch = batch.filter(pa.array(keep))
-        starts = out["ChargePeriodStart"]
-        for index in sorted(reasons):
-            column, reason = reasons[index]
-            when = starts[index].as_py()
-            rejected.append(
-                {"file": source, "row": first_row + index, "column": column, "reason": reason,
-                 "month": when.strftime("%Y-%m") if when else None}
-            )
+        indices = sorted(reasons)  # formatted in one pass: a month can hold millions of bad lines
+        months = _utc_text(out["ChargePeriodStart"].take(pa.array(indices, pa.int64())), "M")
+        rejected = [{"file": source, "row": first_row + index, "column": reasons[index][0],
+                     "reason": reasons[index][1], "month": month} for index, month in zip(indices, months, strict=True)]
     return batch, rejected
 
 
@@ -521,9 +517,23 @@ def _reversed_periods(starts: pa.Array, ends: pa.Array) -> dict[int, str]:
     """{index: reason} of the lines whose ChargePeriodEnd is before their ChargePeriodStart."""
     if ends.null_count == len(ends):
         return {}
-    before = pc.fill_null(pc.less(ends, starts), False).to_numpy(zero_copy_only=False)
-    return {int(index): f"ChargePeriodEnd {ends[int(index)].as_py():%Y-%m-%d %H:%M:%S} is before ChargePeriodStart "
-            f"{starts[int(index)].as_py():%Y-%m-%d %H:%M:%S}" for index in np.flatnonzero(before)}
+    before = pc.fill_null(pc.less(ends, starts), False)
+    if not pc.any(before).as_py():
+        return {}
+    indices = pa.array(np.flatnonzero(before.to_numpy(zero_copy_only=False)))
+    texts = [_utc_text(values.take(indices), "s") for values in (ends, starts)]
+    return {index: f"ChargePeriodEnd {end.replace('T', ' ')} is before ChargePeriodStart {start.replace('T', ' ')}"
+            for index, end, start in zip(indices.to_pylist(), *texts, strict=True)}
+
+
+def _utc_text(stamps: pa.Array, unit: str) -> list[str | None]:
+    """Each UTC timestamp as ISO text to `unit` ("M": `YYYY-MM`, "s": `YYYY-MM-DDTHH:MM:SS`, the
+    finer part dropped, years padded to 4 digits); None for a null."""
+    values = stamps.to_numpy(zero_copy_only=False)
+    texts = np.datetime_as_string(values, unit=unit).tolist()
+    if stamps.null_count:
+        return [None if null else text for text, null in zip(texts, np.isnat(values).tolist(), strict=True)]
+    return texts
 
 
 # --------------------------------------------------------------------------- FOCUS files

@@ -255,3 +255,38 @@ def test_cost_explorer_pages_are_read_cached_and_never_requeried_when_closed(tmp
                             out=str(tmp_path / "out"))["summary"]
     assert summary["estimated"] is True
     assert summary["currencies"]["USD"]["by_owner"] == {"alpha": "10.0000000001"}
+
+
+def test_every_rejected_row_of_a_large_batch_has_its_own_reason_and_month():
+    """Reasons and months are formatted for the whole batch at once; each must still be the row's own
+    (fractions of a second dropped, a null start gives no month), in row order."""
+    import numpy as np
+
+    rng = np.random.default_rng(3)
+    n = 20_000
+    base = int(datetime(2024, 8, 31, 23, 0, tzinfo=UTC).timestamp() * 1_000_000)
+    starts = base + rng.integers(0, 3 * 3_600_000_000, n)  # fractional seconds, across a month boundary
+    ends = base + rng.integers(0, 3 * 3_600_000_000, n)
+    start_values = [None if index % 997 == 0 else int(value) for index, value in enumerate(starts)]
+    columns = {
+        "ChargePeriodStart": pa.array(start_values, pa.timestamp("us", "UTC")),
+        "ChargePeriodEnd": pa.array(ends, pa.timestamp("us", "UTC")),
+        "BillingCurrency": pa.array(["USD"] * n),
+        "BilledCost": pa.array(["1"] * n),
+        "EffectiveCost": pa.array(["1"] * n),
+    }
+    batch, rejected = ingest.normalise(columns, 100, "b.parquet")
+
+    def text(micros):
+        return datetime.fromtimestamp(micros // 1_000_000, UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+    expected = []
+    for index, (start, end) in enumerate(zip(start_values, ends.tolist(), strict=True)):
+        if start is None:
+            expected.append((100 + index, "ChargePeriodStart", "missing ChargePeriodStart", None))
+        elif end < start:
+            expected.append((100 + index, "ChargePeriodEnd", f"ChargePeriodEnd {text(end)} is before "
+                             f"ChargePeriodStart {text(start)}", text(start)[:7]))
+    assert [(r["row"], r["column"], r["reason"], r["month"]) for r in rejected] == expected
+    assert {r["file"] for r in rejected} == {"b.parquet"}
+    assert len(batch) == n - len(expected) and {r["month"] for r in rejected} == {None, "2024-08", "2024-09"}
