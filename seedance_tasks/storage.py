@@ -405,13 +405,20 @@ class WriteBack:
     """Starts the disk write-back of a local file while it is still being written (Linux:
     `posix_fadvise(DONTNEED)` on the bytes written so far, which queues their write-back without
     waiting and keeps the pages cached), so that the `make_durable` at its end waits only for the
-    tail. Only a hint: no-op on S3 and where the call is missing; it never fails the write."""
+    tail. Only a hint: no-op on S3 and where the call is missing; it never fails the write.
+
+    With `drop`, each step also drops the pages already written back, and `durable()` (called
+    once the file is fsynced) drops the rest: for bulk output read elsewhere later (shards), whose
+    pages would otherwise push other files out of the cache, and whose freed pages the next
+    writes reuse (on this 2-core VM a write into pages reused this way costs a third of the
+    CPU of one into pages the guest has not touched yet: `bench/preprocess.py`)."""
 
     STEP = 8 * 1024**2
 
-    def __init__(self, fs: pafs.FileSystem, path: str | None):
+    def __init__(self, fs: pafs.FileSystem, path: str | None, *, drop: bool = False):
         self._descriptor = None
         self._started = 0
+        self._drop = drop
         if path and isinstance(fs, pafs.LocalFileSystem) and hasattr(os, "posix_fadvise"):
             try:
                 self._descriptor = os.open(path, os.O_RDONLY)
@@ -422,11 +429,22 @@ class WriteBack:
         """The file now holds `size` bytes: queue the write-back of every full step not queued yet."""
         if self._descriptor is None or size - self._started < self.STEP:
             return
+        start = 0 if self._drop else self._started  # again from 0: pages written back since are clean now
+        self._advise(start, size - start)
+        self._started = size
+
+    def durable(self) -> None:
+        """The file is fsynced: with `drop`, its pages leave the cache (the data is on disk)."""
+        if self._drop:
+            self._advise(0, 0)
+
+    def _advise(self, start: int, length: int) -> None:
+        if self._descriptor is None:
+            return
         try:
-            os.posix_fadvise(self._descriptor, self._started, size - self._started, os.POSIX_FADV_DONTNEED)
+            os.posix_fadvise(self._descriptor, start, length, os.POSIX_FADV_DONTNEED)
         except OSError:
             pass
-        self._started = size
 
     def close(self) -> None:
         """Stop hinting (the file's own stream is closed apart); safe to call twice."""

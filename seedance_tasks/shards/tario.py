@@ -388,17 +388,24 @@ class _BackgroundHash:
 
 class LocalSink:
     """A local file written with `os.writev`: parts are gathered (not copied) until about 1 MiB,
-    then written in one system call; fsynced on close, so a published shard is on disk.
-    Has `write`, `writev`, `close`, `closed`."""
+    then written in one system call; fsynced on close, so a published shard is on disk. Its
+    pages leave the page cache once written back (`storage.WriteBack(drop=True)`): a shard is
+    read later, elsewhere or by a reader of its own. Has `write`, `writev`, `close`, `closed`."""
 
     GATHER_BYTES = 1024 * 1024
     GATHER_PARTS = 512  # below IOV_MAX (1024)
 
     def __init__(self, path: str):
+        import pyarrow.fs as pafs
+
+        from seedance_tasks.storage import WriteBack
+
         self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         self.closed = False
         self._parts: list = []
         self._pending = 0
+        self._written = 0
+        self._write_back = WriteBack(pafs.LocalFileSystem(), path, drop=True)
 
     def writev(self, parts: list) -> None:
         self._parts.extend(parts)
@@ -416,6 +423,8 @@ class LocalSink:
             rest = b"".join(bytes(part) for part in parts)[written:]
             while rest:
                 rest = rest[os.write(self.fd, rest):]
+        self._written += expected
+        self._write_back.written(self._written)
 
     def write(self, data) -> None:
         self.writev([data])
@@ -426,7 +435,9 @@ class LocalSink:
             try:
                 self.flush()
                 os.fsync(self.fd)
+                self._write_back.durable()
             finally:
+                self._write_back.close()
                 os.close(self.fd)
 
     def __enter__(self):

@@ -189,6 +189,47 @@ def test_write_back_is_queued_in_steps_covering_what_was_written(tmp_path, monke
     assert (tmp_path / "f.bin").stat().st_size == 7500
 
 
+def test_write_back_with_drop_covers_the_whole_file_each_step_and_drops_it_once_durable(tmp_path, monkeypatch):
+    calls = _record_write_back(monkeypatch)
+    monkeypatch.setattr(storage.WriteBack, "STEP", 1000)
+    root = storage.resolve(tmp_path)
+    path = root.join("f.bin")
+    with root.fs.open_output_stream(path) as stream:
+        write_back = storage.WriteBack(root.fs, path, drop=True)
+        for _ in range(25):
+            stream.write(b"x" * 300)
+            write_back.written(stream.tell())
+    write_back.durable()
+    write_back.close()
+    *steps, last = calls
+    assert steps and all(offset == 0 for _, offset, _ in steps)  # again from 0: pages written back since are clean
+    lengths = [length for _, _, length in steps]
+    assert lengths == sorted(lengths) and 7500 - 1000 < lengths[-1] <= 7500
+    assert last == (path, 0, 0)  # the whole file, once it is on disk
+    kept = storage.WriteBack(root.fs, path)
+    kept.durable()  # without drop: nothing is dropped
+    kept.close()
+    assert len(calls) == len(steps) + 1
+
+
+def test_a_local_shard_sink_drops_its_pages_only_after_its_fsync(tmp_path, monkeypatch):
+    from seedance_tasks.shards import tario
+
+    events: list = []
+    real_fsync = tario.os.fsync
+    monkeypatch.setattr(storage.os, "posix_fadvise", lambda fd, offset, length, advice: events.append(
+        ("advise", offset, length)))
+    monkeypatch.setattr(tario.os, "fsync", lambda fd: (events.append(("fsync",)), real_fsync(fd)))
+    monkeypatch.setattr(storage.WriteBack, "STEP", 4096)
+    sink = tario.LocalSink(str(tmp_path / "s.tar"))
+    for _ in range(40):
+        sink.write(b"y" * 100_000)
+    sink.close()
+    assert (tmp_path / "s.tar").read_bytes() == b"y" * 4_000_000
+    assert events[-2:] == [("fsync",), ("advise", 0, 0)]
+    assert any(event[0] == "advise" and event[2] > 0 for event in events[:-2])  # write-back started while writing
+
+
 def test_write_back_never_fails_a_write_and_does_nothing_without_a_local_file(tmp_path, monkeypatch, s3_bucket):
     def broken(*_):
         raise OSError(5, "Input/output error")

@@ -9,6 +9,7 @@ import urllib.request
 from datetime import UTC, datetime
 from decimal import Decimal
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -260,8 +261,6 @@ def test_cost_explorer_pages_are_read_cached_and_never_requeried_when_closed(tmp
 def test_every_rejected_row_of_a_large_batch_has_its_own_reason_and_month():
     """Reasons and months are formatted for the whole batch at once; each must still be the row's own
     (fractions of a second dropped, a null start gives no month), in row order."""
-    import numpy as np
-
     rng = np.random.default_rng(3)
     n = 20_000
     base = int(datetime(2024, 8, 31, 23, 0, tzinfo=UTC).timestamp() * 1_000_000)
