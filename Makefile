@@ -14,7 +14,7 @@ export SEEDANCE_WORKSPACE := $(CURDIR)/$(DEMO_DIR)/workspace
 
 .PHONY: venv system-deps demo test lint airflow bench clean
 
-$(STAMP): requirements.txt requirements-dev.txt pyproject.toml setup.py seedance_tasks/preprocess/_resample.c
+$(STAMP): requirements.txt requirements-dev.txt pyproject.toml setup.py seedance_tasks/preprocess/_resample.c seedance_tasks/checkpoint/_planes.c
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r requirements-dev.txt
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .

@@ -761,10 +761,11 @@ class _Chain:
         return f"tensor {name} of {self.run}/{step_dir(self.step)}: chunk {index} in {self.files.where(chunk['file'])}"
 
     def decoded(self, name: str, index: int, check: bool) -> tuple[Any, bool]:
-        """Chunk `index` of tensor `name` with its chain applied: (planes, True) or (raw bytes, False).
+        """Chunk `index` of tensor `name` with its chain: (a `codecs.PlaneChain`, True) or (raw bytes, False).
 
-        XOR deltas are undone plane by plane (XOR commutes with byte grouping), so a chain of them
-        is ungrouped once, by the caller. With `check`, this level's chunk digest is checked too.
+        XOR and bsub deltas work plane by plane (they commute with byte grouping), so a chain of them
+        is kept as planes and merged once, by the caller. With `check`, this level's chunk digest is
+        checked too.
         """
         entry = self.tensors.get(name)
         if entry is None:
@@ -777,33 +778,26 @@ class _Chain:
             decoded, grouped = codecs.decode_planes(codec, payload, size, width)
         except ValueError as exc:
             raise IntegrityError(f"{self._where(name, index, chunk)} is damaged: {exc}") from None
+        if grouped:
+            decoded = codecs.PlaneChain((decoded,))
         if codec in codecs.DELTA_CODECS:
             base, base_grouped = self.base(name).decoded(name, index, check)
             if codec in codecs.PLANE_DELTAS:
                 if not base_grouped:
-                    base = codecs.group(base, width)
-                if len(base) != len(decoded) or any(b.size != d.size for b, d in zip(base, decoded, strict=False)):
+                    base = codecs.PlaneChain((codecs.group(base, width),))
+                if base.shape() != decoded.shape():
                     raise IntegrityError(f"{self._where(name, index, chunk)} does not match its base's shape")
-                op = np.bitwise_xor if codec == "delta-xor" else np.add
-                decoded = [  # into the base's planes where they are ours to overwrite
-                    op(d, b, out=b if b.flags.writeable else None) for d, b in zip(decoded, base, strict=True)
-                ]
+                decoded = base.then(codec, decoded.levels[0])
             else:
-                plain = np.empty(size, dtype=np.uint8)
-                codecs.ungroup(decoded, width, plain)
+                plain = decoded.flat(width)
                 if base_grouped:
-                    flat = np.empty(size, dtype=np.uint8)
-                    codecs.ungroup(base, width, flat)
-                    base = flat
+                    base = base.flat(width)
                 if base.size != size:
                     raise IntegrityError(f"{self._where(name, index, chunk)} does not match its base's shape")
                 codecs.undo(codec, plain, base, width)
                 decoded, grouped = plain, False
         if check:
-            flat = decoded
-            if grouped:
-                flat = np.empty(size, dtype=np.uint8)
-                codecs.ungroup(decoded, width, flat)
+            flat = decoded.flat(width) if grouped else decoded
             if self.digest(flat) != chunk[self.digest_field]:
                 raise IntegrityError(f"{self._where(name, index, chunk)} does not match its {self.digest_field}")
         return decoded, grouped
@@ -812,7 +806,7 @@ class _Chain:
         """Decode chunk `index` of tensor `name` (stored bytes) into `out`; digest-checked if `check`."""
         decoded, grouped = self.decoded(name, index, check)
         if grouped:
-            codecs.ungroup(decoded, _torch_dtype(self.tensors[name]["stored_dtype"]).itemsize, out)
+            decoded.merge(_torch_dtype(self.tensors[name]["stored_dtype"]).itemsize, out)
         else:
             out[:] = decoded
 
