@@ -35,6 +35,8 @@ JOURNAL_KIND = "compaction"
 _READ_THREADS = 2
 _READ_AHEAD = 4
 _CARDINALITY_SAMPLE_ROWS = 8_192
+_CARDINALITY_RECHECK_ROWS = 65_536  # enough rows for a column of dates or prices to show its few values
+_CARDINALITY_MOSTLY_DISTINCT = 0.5  # past this in the first sample a column is not rechecked
 _READ_ERRORS = (pa.ArrowInvalid, pa.ArrowIOError, pa.ArrowNotImplementedError, pa.ArrowTypeError, OSError, ValueError)
 _DATA_ERRORS = (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError)  # not OSError: storage faults
 _S3_KEY_MAX = 1024  # bytes
@@ -234,32 +236,49 @@ def _first_line(exc: BaseException) -> str:
 
 
 def _dictionary_columns(table: pa.Table, max_cardinality: float) -> list[str]:
-    """Columns worth dictionary encoding: strings, binaries and integers with few distinct values.
+    """Columns worth dictionary encoding: flat columns with few distinct values in a sample.
 
-    Columns that are dictionary-typed already (categoricals) keep their dictionary.
+    Strings, binaries and every fixed-width scalar (integers, floats, decimals, dates, times,
+    timestamps, durations) are candidates; a dictionary of few values makes their pages smaller and
+    cheaper to compress than plain ones. Columns that are dictionary-typed already (categoricals)
+    keep their dictionary; booleans and nested columns never take one.
     """
     chosen = []
-    table = table.slice(0, _CARDINALITY_SAMPLE_ROWS)
-    rows = max(table.num_rows, 1)
     for field_ in table.schema:
         kind = field_.type
         if pa.types.is_dictionary(kind):
             chosen.append(field_.name)
             continue
-        if not (pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_string_view(kind)
-                or pa.types.is_binary(kind) or pa.types.is_large_binary(kind) or pa.types.is_binary_view(kind)
-                or pa.types.is_integer(kind)):
+        if not _dictionary_candidate(kind):
             continue
         column = table.column(field_.name)
-        if pa.types.is_string_view(kind) or pa.types.is_binary_view(kind):  # no count_distinct kernel
-            column = column.cast(pa.large_string() if pa.types.is_string_view(kind) else pa.large_binary())
-        try:
-            distinct = pc.count_distinct(column).as_py()
-        except _DATA_ERRORS:  # a type without a kernel: plain encoding is always correct
-            continue
-        if distinct / rows <= max_cardinality:
+        ratio = _distinct_ratio(column, _CARDINALITY_SAMPLE_ROWS)
+        if max_cardinality < ratio <= _CARDINALITY_MOSTLY_DISTINCT and table.num_rows > _CARDINALITY_SAMPLE_ROWS:
+            ratio = _distinct_ratio(column, _CARDINALITY_RECHECK_ROWS)  # a few values that a small sample overstates
+        if ratio <= max_cardinality:
             chosen.append(field_.name)
     return chosen
+
+
+def _distinct_ratio(column: pa.ChunkedArray, rows: int) -> float:
+    """Distinct values per row in the first `rows` of `column`; 1.0 for a type without the kernel."""
+    sample = column.slice(0, rows)
+    kind = column.type
+    if pa.types.is_string_view(kind) or pa.types.is_binary_view(kind):  # no count_distinct kernel
+        sample = sample.cast(pa.large_string() if pa.types.is_string_view(kind) else pa.large_binary())
+    try:
+        return pc.count_distinct(sample).as_py() / max(len(sample), 1)
+    except _DATA_ERRORS:  # plain encoding is always correct
+        return 1.0
+
+
+def _dictionary_candidate(kind: pa.DataType) -> bool:
+    if pa.types.is_boolean(kind) or pa.types.is_null(kind) or pa.types.is_nested(kind):
+        return False
+    return (pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_string_view(kind)
+            or pa.types.is_binary(kind) or pa.types.is_large_binary(kind) or pa.types.is_binary_view(kind)
+            or pa.types.is_fixed_size_binary(kind) or pa.types.is_integer(kind) or pa.types.is_floating(kind)
+            or pa.types.is_decimal(kind) or pa.types.is_temporal(kind))
 
 
 def output_names(partition: str, run_id: str, token: str, number: int) -> dict:

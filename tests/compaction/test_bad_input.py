@@ -125,6 +125,36 @@ def test_dictionary_column_is_compacted_exactly_and_stays_categorical(tmp_path, 
     assert pa.types.is_dictionary(pq.read_schema(lake / output).field("kind").type)
 
 
+def test_few_valued_dates_prices_and_floats_get_a_dictionary_and_stay_bit_exact(tmp_path, small_settings):
+    import numpy as np
+
+    lake = tmp_path / "lake"
+    rng = np.random.default_rng(5)
+    special = np.array([0.0, -0.0, np.nan, 1.5, -np.inf], dtype=np.float64)
+    special[2] = np.frombuffer(np.uint64(0x7FF8000000000001).tobytes(), np.float64)[0]  # a NaN with a payload
+    for index in range(3):
+        rows = 3_000
+        table = pa.table({
+            "shipped": pa.array(np.datetime64("2026-01-01") + rng.integers(0, 30, rows).astype("timedelta64[D]")),
+            "price": pa.array([decimal.Decimal(f"{v}.25") for v in rng.integers(0, 20, rows)], pa.decimal128(9, 2)),
+            "weight": pa.array(special[rng.integers(0, len(special), rows)]),
+            "at": pa.array(np.arange(index * rows, (index + 1) * rows, dtype="int64") * 10**9, pa.timestamp("ns")),
+            "ok": pa.array(rng.integers(0, 2, rows).astype(bool)),
+        })
+        _write(lake / "p=1" / f"f{index}.parquet", table)
+    before, files = _snapshot(lake)
+    report = compact_dataset(str(lake), small_settings)
+    assert report["partitions_compacted"] == 1, report["skipped"]
+    _assert_compacted_exactly_or_skipped(lake, report, before, files)
+    [output] = visible_data_files(lake)
+    meta = pq.read_metadata(lake / output).row_group(0)
+    dictionary = {meta.column(i).path_in_schema: meta.column(i).has_dictionary_page for i in range(meta.num_columns)}
+    assert dictionary == {"shipped": True, "price": True, "weight": True, "at": False, "ok": False}
+    weights = pq.read_table(lake / output).column("weight").to_numpy()
+    sources = np.concatenate([pq.read_table(f).column("weight").to_numpy() for f in sorted((lake / "_seedance").rglob("f*.parquet"))])
+    assert weights.view(np.uint64).tolist() == sources.view(np.uint64).tolist()  # signed zeros and NaN payloads kept
+
+
 def test_millisecond_timestamps_beyond_the_nanosecond_range_skip_the_partition(tmp_path, small_settings):
     lake = tmp_path / "lake"
     far = datetime.datetime(3000, 1, 1)
