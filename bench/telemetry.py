@@ -9,7 +9,9 @@ the trainer's own `train_step`), their steps interleaved (ABBA) so machine noise
 - the recorder alone: an empty step with its phase markers, no training work (its own cost).
 
 Prints the median step time of each, their ratio (the median over blocks of each block's paired
-ratio: step times on a VM drift by 30% within minutes, so only steps close in time compare) and
+ratio: step times on a VM drift by 30% within minutes, so only steps close in time compare), the
+whole loops of consecutive steps with and without it (every sample file written inside the time:
+what a stall such as writing a file costs shows there, not in a median), the slowest step, and
 the recorder's cost per step in µs.
 Data lives in bench/_work/telemetry/ (git-ignored).
 
@@ -113,6 +115,21 @@ def main() -> None:
             empty.append(time.perf_counter() - began)
             counter += 1
         block_ratios.append(statistics.median(recorded[block_recorded:]) / statistics.median(plain[block_plain:]))
+    # whole loops: runs of consecutive steps, every recorded run's files written inside its time
+    loop_steps = max(4 * settings.flush_every, steps)
+    runs: dict[str, list[float]] = {"plain": [], "recorded": []}
+    for order in ("plain", "recorded", "recorded", "plain") * max(1, blocks // 2):
+        began = time.perf_counter()
+        for _ in range(loop_steps):
+            if order == "plain":
+                one(counter, None)
+            else:
+                with recorder.step(counter):
+                    one(counter, recorder)
+            counter += 1
+        if order == "recorded":
+            recorder.flush()  # waits for the writer thread, then writes what is left: all of it counted
+        runs[order].append(time.perf_counter() - began)
     stop.set()
     snapshot = recorder.close()
     dist.destroy_process_group()
@@ -130,6 +147,11 @@ def main() -> None:
           f"the recorder's own work {e * 1e6:.1f} µs = {e / p * 100:.2f}% of a plain step")
     print(f"per block (recorded / plain median step, {blocks} blocks): median {statistics.median(block_ratios):.3f} "
           f"({min(block_ratios):.3f}–{max(block_ratios):.3f}): the spread is this machine's noise on whole steps")
+    loops = [r / p for r, p in zip(runs["recorded"], runs["plain"], strict=True)]
+    print(f"whole loops of {loop_steps} steps ({len(loops)} pairs, ABBA; sample files every {settings.flush_every} "
+          f"steps, their writing inside the time): recorded / plain {statistics.median(loops):.3f} "
+          f"({min(loops):.3f}–{max(loops):.3f}); slowest single step: plain {max(plain) * 1e3:.1f} ms, "
+          f"recorded {max(recorded) * 1e3:.1f} ms")
     print(f"samples written: {len(list(WORK.glob('samples-*.parquet')))} Parquet files in {WORK}")
 
 

@@ -16,7 +16,9 @@
 Phases are `data` (waiting for the loader), `compute`, `collective` (waiting in collectives),
 `checkpoint` (the training loop's stall for a save); step time outside them is `other`. Phases
 are sequential, not nested. A step costs a few microseconds of Python (see bench/telemetry.py):
-the exporter reads the recorder's totals when it is scraped, no metric object is touched per step.
+the exporter reads the recorder's totals when it is scraped, no metric object is touched per step,
+and a step keeps one record; every `telemetry.flush_every` steps a writer thread turns the records
+into sample rows and writes them as one Parquet file, so the loop never waits on the disk.
 """
 
 from __future__ import annotations
@@ -75,6 +77,8 @@ class StepRecorder:
 
     def __init__(self, settings, *, folder: str | Path, rank: int = 0, world: int = 1, run: str = "run",
                  attempt: int = 0, device: Any = "cpu", local_world: int = 1, meter=None, price=None) -> None:
+        import pyarrow.parquet  # noqa: F401 - loaded now, not by the first sample file (~0.1 s, in the loop)
+
         from seedance_tasks.telemetry import energy, pricing
 
         self.settings, self.folder = settings, Path(folder)
@@ -97,8 +101,10 @@ class StepRecorder:
         self._step_ctx = _Step(self)
         self._lock = threading.Lock()
         self._labels = {"run": run, "rank": str(rank), "attempt": str(attempt)}
-        self._rows: tuple[list, list, list, list] = ([], [], [], [])
+        self._records: list[tuple] = []  # one per step since the last flush; expanded into rows when written
         self._files = 0
+        self._writer = None  # the thread that writes the files the step loop queues (started on first use)
+        self.write_errors = 0  # sample files the writer thread could not write (logged once)
         self._pending_loader = [0, 0]
         self._pending_scale: list = [None, 0]
         self.totals: dict[str, Any] = {
@@ -225,56 +231,51 @@ class StepRecorder:
                 totals["alloc_retries"] = memory[2]
             self.last = last
             self._version += 1
-        self._append(now, step, phases, last, totals)
+            self._records.append((now, step, phases, last, _totals_row(totals)))
         if totals["steps"] % self.settings.flush_every == 0:
-            self.flush()
-
-    def _append(self, now: float, step: int, phases: dict, last: dict, totals: dict) -> None:
-        stamps, names, labels, values = self._rows
-        base = {**self._labels, "step": str(step)}
-        source = {**base, "source": self.meter.source}
-
-        def add(name: str, value: float, label: dict = base) -> None:
-            stamps.append(now)
-            names.append(name)
-            labels.append(label)
-            values.append(float(value))
-
-        add("seedance_step", step)
-        add("seedance_steps_total", totals["steps"])
-        add("seedance_step_duration_seconds", last["step_seconds"])
-        for name, value in phases.items():
-            add("seedance_step_phase_seconds", value, {**base, "phase": name})
-            add("seedance_phase_seconds_total", totals["phase_seconds"][name], {**base, "phase": name})
-        add("seedance_step_seconds_total", totals["step_seconds"])
-        add("seedance_busy_seconds_total", totals["busy_seconds"])
-        add("seedance_step_cost_usd", last["cost_usd"])
-        add("seedance_cost_usd_total", totals["cost_usd"])
-        add("seedance_step_energy_joules", last["energy_joules"], source)
-        add("seedance_energy_joules_total", totals["energy_joules"], source)
-        add("seedance_utilisation_ratio", last["utilisation"], {**base, "source": self.meter.utilisation_source})
-        add("seedance_loader_samples_per_second", last["samples_per_second"])
-        add("seedance_loader_bytes_per_second", last["bytes_per_second"])
-        add("seedance_loader_samples_total", totals["loader_samples"])
-        add("seedance_loader_bytes_total", totals["loader_bytes"])
-        add("seedance_skipped_steps_total", totals["skipped_steps"])
-        if last["loss_scale"] is not None:
-            add("seedance_loss_scale", last["loss_scale"])
-        if "memory_reserved_bytes" in last:
-            add("seedance_memory_reserved_bytes", last["memory_reserved_bytes"])
-            add("seedance_memory_allocated_bytes", last["memory_allocated_bytes"])
-            add("seedance_alloc_retries_total", totals["alloc_retries"])
+            self._flush_in_background()
 
     def flush(self) -> Path | None:
-        """Write the samples recorded since the last flush as one Parquet file (None if there are none)."""
+        """Write the samples recorded since the last flush as one Parquet file, now (None if there
+        are none); the files the step loop queued are written first, so files keep step order."""
+        if self._writer is not None:
+            self._writer.submit(lambda: None).result()  # the queue drained: earlier files are in place
+        name, records = self._take_records()
+        return None if name is None else self._write(name, records)
+
+    def _take_records(self) -> tuple[str | None, list]:
+        with self._lock:
+            records, self._records = self._records, []
+        if not records:
+            return None, records
+        self._files += 1
+        return f"samples-r{self.rank:04d}-a{self.attempt:03d}-{self._files:05d}.parquet", records
+
+    def _write(self, name: str, records: list) -> Path:
         from seedance_tasks.telemetry.samples import write_samples
 
-        if not self._rows[0]:
-            return None
-        rows, self._rows = self._rows, ([], [], [], [])
-        self._files += 1
-        name = f"samples-r{self.rank:04d}-a{self.attempt:03d}-{self._files:05d}.parquet"
-        return write_samples(self.folder, name, rows)
+        return write_samples(self.folder, name, _sample_rows(records, self._labels, self.meter))
+
+    def _flush_in_background(self) -> None:
+        """Queue the samples since the last flush for the writer thread: building and writing a
+        file (milliseconds, more when the disk is slow) never stalls the training loop."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        name, records = self._take_records()
+        if name is None:
+            return
+        if self._writer is None:
+            self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="seedance-telemetry")
+        self._writer.submit(self._write_logged, name, records)
+
+    def _write_logged(self, name: str, records: list) -> None:
+        try:
+            self._write(name, records)
+        except Exception as error:  # noqa: BLE001 - telemetry never stops training: the file is skipped
+            self.write_errors += 1
+            if self.write_errors == 1:
+                log.warning("rank %s: telemetry samples %s not written (%s: %s); training goes on", self.rank,
+                            name, type(error).__name__, str(error)[:200])
 
     def snapshot(self) -> dict[str, Any]:
         """The cumulative totals as plain numbers (cost as a float of the exact Decimal), the last
@@ -380,6 +381,9 @@ class StepRecorder:
         """Flush the samples, write `totals-r<rank>-a<attempt>.json` (the recorder's sums), wait up to
         telemetry.final_scrape_wait for a scrape that saw the last step, stop the exporter."""
         self.flush()
+        if self._writer is not None:
+            self._writer.shutdown(wait=True)
+            self._writer = None
         snapshot = self.snapshot()
         self.folder.mkdir(parents=True, exist_ok=True)
         path = self.folder / f"totals-r{self.rank:04d}-a{self.attempt:03d}.json"
@@ -397,3 +401,58 @@ class StepRecorder:
             (self.folder / f"targets-r{self.rank:04d}.json").unlink(missing_ok=True)  # nothing left to scrape
         self.meter.close()
         return snapshot
+
+
+_TOTALS_ROW = ("steps", "step_seconds", "busy_seconds", "cost_usd", "energy_joules", "loader_samples", "loader_bytes",
+               "skipped_steps", "alloc_retries")
+
+
+def _totals_row(totals: dict) -> tuple:
+    """The cumulative values a sample file needs of one step, as they were after it."""
+    return (*(totals[key] for key in _TOTALS_ROW), dict(totals["phase_seconds"]))
+
+
+def _sample_rows(records: list[tuple], labels: dict, meter) -> tuple[list, list, list, list]:
+    """(timestamps, names, label dicts, values) of the recorded steps: each step's gauges and totals
+    under the Prometheus names, labelled with run, rank, attempt and step."""
+    stamps: list[float] = []
+    names: list[str] = []
+    label_dicts: list[dict] = []
+    values: list[float] = []
+    for now, step, phases, last, row in records:
+        totals = dict(zip(_TOTALS_ROW, row[:-1], strict=True))
+        phase_totals = row[-1]
+        base = {**labels, "step": str(step)}
+        source = {**base, "source": meter.source}
+
+        def add(name: str, value: float, label: dict = base, now: float = now) -> None:
+            stamps.append(now)
+            names.append(name)
+            label_dicts.append(label)
+            values.append(float(value))
+
+        add("seedance_step", step)
+        add("seedance_steps_total", totals["steps"])
+        add("seedance_step_duration_seconds", last["step_seconds"])
+        for name, value in phases.items():
+            add("seedance_step_phase_seconds", value, {**base, "phase": name})
+            add("seedance_phase_seconds_total", phase_totals[name], {**base, "phase": name})
+        add("seedance_step_seconds_total", totals["step_seconds"])
+        add("seedance_busy_seconds_total", totals["busy_seconds"])
+        add("seedance_step_cost_usd", last["cost_usd"])
+        add("seedance_cost_usd_total", totals["cost_usd"])
+        add("seedance_step_energy_joules", last["energy_joules"], source)
+        add("seedance_energy_joules_total", totals["energy_joules"], source)
+        add("seedance_utilisation_ratio", last["utilisation"], {**base, "source": meter.utilisation_source})
+        add("seedance_loader_samples_per_second", last["samples_per_second"])
+        add("seedance_loader_bytes_per_second", last["bytes_per_second"])
+        add("seedance_loader_samples_total", totals["loader_samples"])
+        add("seedance_loader_bytes_total", totals["loader_bytes"])
+        add("seedance_skipped_steps_total", totals["skipped_steps"])
+        if last["loss_scale"] is not None:
+            add("seedance_loss_scale", last["loss_scale"])
+        if "memory_reserved_bytes" in last:
+            add("seedance_memory_reserved_bytes", last["memory_reserved_bytes"])
+            add("seedance_memory_allocated_bytes", last["memory_allocated_bytes"])
+            add("seedance_alloc_retries_total", totals["alloc_retries"])
+    return stamps, names, label_dicts, values

@@ -253,3 +253,54 @@ def test_a_failing_or_insane_energy_meter_never_stops_training_or_lowers_the_tot
     assert sum("energy meter failed" in record.getMessage() for record in caplog.records) == 1
     recorder.close()
     assert summarise(tmp_path / "telemetry")["energy_joules"] == 15.0
+
+
+def _steps(recorder, steps):
+    for step in steps:
+        with recorder.step(step):
+            with recorder.phase("compute"):
+                pass
+
+
+def test_the_periodic_flush_is_written_by_the_writer_thread_in_step_order(tmp_path, monkeypatch):
+    from seedance_tasks.telemetry import samples
+
+    writers, real = [], samples.write_samples
+
+    def recording(folder, name, rows):
+        writers.append((name, __import__("threading").current_thread().name))
+        return real(folder, name, rows)
+
+    monkeypatch.setattr(samples, "write_samples", recording)
+    recorder = StepRecorder(_telemetry(flush_every=2), folder=tmp_path / "telemetry", run="r1")
+    _steps(recorder, range(1, 8))  # 3 periodic flushes, step 7 left for close
+    recorder.close()
+    assert [name for name, _ in writers] == [f"samples-r0000-a000-{n:05d}.parquet" for n in (1, 2, 3, 4)]
+    assert all(thread.startswith("seedance-telemetry") for _, thread in writers[:3])  # not the loop's thread
+    rows = read_samples(tmp_path / "telemetry").to_pylist()
+    steps = [int(dict(row["labels"])["step"]) for row in rows if row["name"] == "seedance_steps_total"]
+    totals = [row["value"] for row in rows if row["name"] == "seedance_steps_total"]
+    assert steps == list(range(1, 8)) and totals == [float(n) for n in range(1, 8)]
+    phases = {dict(row["labels"])["phase"] for row in rows if row["name"] == "seedance_phase_seconds_total"}
+    assert phases == {"data", "compute", "collective", "checkpoint", "other"}
+
+
+def test_a_sample_file_that_cannot_be_written_never_stops_training(tmp_path, monkeypatch, caplog):
+    from seedance_tasks.telemetry import samples
+
+    real, calls = samples.write_samples, []
+
+    def failing_first(folder, name, rows):
+        calls.append(name)
+        if len(calls) == 1:
+            raise OSError(28, "No space left on device")
+        return real(folder, name, rows)
+
+    monkeypatch.setattr(samples, "write_samples", failing_first)
+    recorder = StepRecorder(_telemetry(flush_every=2), folder=tmp_path / "telemetry")
+    _steps(recorder, range(1, 6))  # the first file fails on the writer thread; the loop goes on
+    recorder.close()
+    assert recorder.write_errors == 1 and recorder.snapshot()["totals"]["steps"] == 5
+    assert sum("not written" in record.getMessage() for record in caplog.records) == 1
+    rows = read_samples(tmp_path / "telemetry").to_pylist()
+    assert sorted({int(dict(row["labels"])["step"]) for row in rows}) == [3, 4, 5]  # steps 1-2 were in the lost file
