@@ -34,14 +34,12 @@ def resize_chw(image: Image.Image, size: int, box: tuple[float, float, float, fl
     Returns True when done; False (nothing written) when the fast path does not apply."""
     if _resample is None or image.mode != "RGB":
         return False
-    if reducing_gap is not None:
-        factor_x = int((box[2] - box[0]) / size / reducing_gap) or 1
-        factor_y = int((box[3] - box[1]) / size / reducing_gap) or 1
-        if factor_x > 1 or factor_y > 1:
-            reduce_box = image._get_safe_box((size, size), _BILINEAR, box)  # what Image.resize reduces
-            image = image.reduce((factor_x, factor_y), box=reduce_box)
-            box = ((box[0] - reduce_box[0]) / factor_x, (box[1] - reduce_box[1]) / factor_y,
-                   (box[2] - reduce_box[0]) / factor_x, (box[3] - reduce_box[1]) / factor_y)
+    factor_x, factor_y = _reduce_factors(box, size, reducing_gap)
+    if factor_x > 1 or factor_y > 1:
+        reduce_box = image._get_safe_box((size, size), _BILINEAR, box)  # what Image.resize reduces
+        image = image.reduce((factor_x, factor_y), box=reduce_box)
+        box = ((box[0] - reduce_box[0]) / factor_x, (box[1] - reduce_box[1]) / factor_y,
+               (box[2] - reduce_box[0]) / factor_x, (box[3] - reduce_box[1]) / factor_y)
     import pyarrow as pa
 
     try:
@@ -54,3 +52,27 @@ def resize_chw(image: Image.Image, size: int, box: tuple[float, float, float, fl
         return False
     _resample.rgbx_to_chw(data, width, height, tuple(float(v) for v in box), size, size, out)
     return True
+
+
+def resize_rgbx_chw(pixels: np.ndarray, size: int, box: tuple[float, float, float, float],
+                    reducing_gap: float | None, out: np.ndarray) -> bool:
+    """As `resize_chw`, from decoded pixels: a C-contiguous (height, width, 4) uint8 array of RGB
+    and a padding byte (what `fastjpeg.decode_rgbx` gives). False (nothing written) where it does
+    not apply: the extension not built, or a resize that Pillow would start with a `reduce`."""
+    factor_x, factor_y = _reduce_factors(box, size, reducing_gap)
+    if _resample is None or factor_x > 1 or factor_y > 1 or not pixels.flags.c_contiguous:
+        return False
+    height, width = pixels.shape[:2]
+    _resample.rgbx_to_chw(pixels, width, height, tuple(float(v) for v in box), size, size, out)
+    return True
+
+
+def needs_reduce(box: tuple[float, float, float, float], size: int, reducing_gap: float | None) -> bool:
+    """Whether Pillow's `resize` over `box` to `size` starts with a `reduce` (a whole-factor shrink)."""
+    return max(_reduce_factors(box, size, reducing_gap)) > 1
+
+
+def _reduce_factors(box, size: int, reducing_gap: float | None) -> tuple[int, int]:
+    if reducing_gap is None:
+        return 1, 1
+    return (int((box[2] - box[0]) / size / reducing_gap) or 1, int((box[3] - box[1]) / size / reducing_gap) or 1)

@@ -5,7 +5,9 @@ fast resize). JPEGs are decoded at reduced size where that still leaves the shor
 (libjpeg's DCT scaling through PIL's `draft`), which is most of the speed-up on photos larger
 than the target. RGB images are resized by `fastresize` (Pillow's bilinear arithmetic in C,
 written straight to CHW order: the same bytes as Pillow's `resize`, about three times as fast);
-`fast=False` leaves every resize to Pillow.
+RGB JPEGs decoded at full size go through `fastjpeg` (libjpeg-turbo straight into the resizer's
+layout: the same pixels as Pillow's decode), Pillow decoding whatever it declines.
+`fast=False` leaves every decode and resize to Pillow.
 
 What an image becomes, the same with or without `draft` and in or out of the pool:
 - Formats: the bytes decide, not the member's extension. JPEG (also CMYK/YCCK Adobe JPEGs and
@@ -33,7 +35,8 @@ import time
 import numpy as np
 from PIL import Image, ImageFile
 
-from seedance_tasks.preprocess.fastresize import resize_chw
+from seedance_tasks.preprocess import fastjpeg, fastresize
+from seedance_tasks.preprocess.fastresize import needs_reduce, resize_chw, resize_rgbx_chw
 
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png")
 ALPHA_BACKGROUND = (255, 255, 255)  # what transparent pixels are composited over
@@ -66,9 +69,10 @@ def to_chw(data: bytes, size: int, *, draft: bool = True, timings: list[float] |
     formats, transparency, 16-bit grey, EXIF orientation and limits as the module says. Raises an
     exception (PIL's, OSError for a truncated image, or ValueError) for bytes it does not accept.
     `timings`, if given, gets [decode, resize, convert] seconds added; `out`, if given, is a
-    uint8 (3, size, size) array the result is written into (and returned). `fast` resizes RGB
-    images with `fastresize` (the same bytes as Pillow's resize, straight into CHW order); off,
-    Pillow resizes every image (what a plain PIL transform does: the benchmark's peer).
+    uint8 (3, size, size) array the result is written into (and returned). `fast` decodes RGB
+    JPEGs read at full size with `fastjpeg` and resizes RGB images with `fastresize` (the same
+    bytes as Pillow's decode and resize); off, Pillow decodes and resizes every image (what a plain
+    PIL transform does: the benchmark's peer).
     """
     t0 = time.perf_counter()
     image = Image.open(io.BytesIO(data))
@@ -80,26 +84,27 @@ def to_chw(data: bytes, size: int, *, draft: bool = True, timings: list[float] |
     if draft and image.format in ("JPEG", "MPO"):
         scale = size / min(width, height)
         image.draft("RGB", (math.ceil(width * scale), math.ceil(height * scale)))
+    box, reducing_gap = _center_square(image.size, size)
+    if (fast and fastjpeg.AVAILABLE and fastresize.AVAILABLE and image.format == "JPEG" and image.mode == "RGB"
+            and image.size == (width, height) and not needs_reduce(box, size, reducing_gap)):
+        pixels = fastjpeg.decode_rgbx(data, width, height)  # None: Pillow decodes it below
+        if pixels is not None:
+            transpose = _TRANSPOSE.get(_orientation(image))
+            t1 = time.perf_counter()
+            direct = out is not None and transpose is None and _fits(out, size)
+            planes = out if direct else np.empty((3, size, size), np.uint8)
+            if resize_rgbx_chw(pixels, size, box, reducing_gap, planes):
+                return _finish(planes, transpose, out, timings, (t0, t1))
     _load_whole(image)
     transpose = _TRANSPOSE.get(_orientation(image))
     image = _rgb_or_rgba(image)
     t1 = time.perf_counter()
-    width, height = image.size
-    side = min(width, height)
-    left, top = (width - side) / 2, (height - side) / 2
-    box, reducing_gap = (left, top, left + side, top + side), 2.0 if side >= 2 * size else None
+    box, reducing_gap = _center_square(image.size, size)
     if fast and image.mode == "RGB":
-        direct = (out is not None and transpose is None and out.flags.c_contiguous and out.dtype == np.uint8
-                  and out.shape == (3, size, size))
+        direct = out is not None and transpose is None and _fits(out, size)
         planes = out if direct else np.empty((3, size, size), np.uint8)
         if resize_chw(image, size, box, reducing_gap, planes):
-            t2 = time.perf_counter()
-            if transpose is not None:
-                planes = _CHW_TRANSPOSE[transpose](planes)
-            if out is not None and planes is not out:
-                np.copyto(out, planes)
-            _add_timings(timings, t0, t1, t2, time.perf_counter())
-            return out if out is not None else np.ascontiguousarray(planes)
+            return _finish(planes, transpose, out, timings, (t0, t1))
     image = image.resize((size, size), Image.Resampling.BILINEAR, box=box, reducing_gap=reducing_gap)
     if image.mode == "RGBA":  # resized premultiplied by PIL, so compositing now equals compositing first
         image = Image.alpha_composite(Image.new("RGBA", image.size, ALPHA_BACKGROUND), image).convert("RGB")
@@ -113,6 +118,30 @@ def to_chw(data: bytes, size: int, *, draft: bool = True, timings: list[float] |
         np.copyto(out, np.asarray(image).transpose(2, 0, 1))
     _add_timings(timings, t0, t1, t2, time.perf_counter())
     return array
+
+
+def _center_square(image_size: tuple[int, int], size: int) -> tuple[tuple[float, float, float, float], float | None]:
+    """The centred square crop box of an image of `image_size`, and the reducing gap its resize uses."""
+    width, height = image_size
+    side = min(width, height)
+    left, top = (width - side) / 2, (height - side) / 2
+    return (left, top, left + side, top + side), 2.0 if side >= 2 * size else None
+
+
+def _fits(out: np.ndarray, size: int) -> bool:
+    return out.flags.c_contiguous and out.dtype == np.uint8 and out.shape == (3, size, size)
+
+
+def _finish(planes: np.ndarray, transpose, out: np.ndarray | None, timings: list[float] | None,
+            started: tuple[float, float]) -> np.ndarray:
+    """The resized CHW `planes` oriented and in `out` (if given), the timings added."""
+    t2 = time.perf_counter()
+    if transpose is not None:
+        planes = _CHW_TRANSPOSE[transpose](planes)
+    if out is not None and planes is not out:
+        np.copyto(out, planes)
+    _add_timings(timings, *started, t2, time.perf_counter())
+    return out if out is not None else np.ascontiguousarray(planes)
 
 
 def _add_timings(timings: list[float] | None, t0: float, t1: float, t2: float, t3: float) -> None:
