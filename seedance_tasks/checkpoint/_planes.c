@@ -35,6 +35,8 @@ interleave(uint8_t *restrict out, const uint8_t *const *planes, Py_ssize_t n, in
     }
 }
 
+/* Unrolled where gcc vectorizes the unrolled form 3-4x better than the loop above (interleaving
+ * 2, 4 and 8 planes, splitting into 4); for splitting into 2 or 8 planes the loop is as fast or faster. */
 static inline void
 interleave4(uint8_t *restrict out, const uint8_t *const *planes, Py_ssize_t n) {
     const uint8_t *restrict p0 = planes[0], *restrict p1 = planes[1], *restrict p2 = planes[2],
@@ -95,32 +97,6 @@ deinterleave4(uint8_t *const *planes, const uint8_t *restrict src, Py_ssize_t n)
 }
 
 static inline void
-deinterleave2(uint8_t *const *planes, const uint8_t *restrict src, Py_ssize_t n) {
-    uint8_t *restrict p0 = planes[0], *restrict p1 = planes[1];
-    for (Py_ssize_t i = 0; i < n; i++) {
-        p0[i] = src[2 * i];
-        p1[i] = src[2 * i + 1];
-    }
-}
-
-static inline void
-deinterleave8(uint8_t *const *planes, const uint8_t *restrict src, Py_ssize_t n) {
-    uint8_t *restrict p0 = planes[0], *restrict p1 = planes[1], *restrict p2 = planes[2], *restrict p3 = planes[3],
-                      *restrict p4 = planes[4], *restrict p5 = planes[5], *restrict p6 = planes[6],
-                      *restrict p7 = planes[7];
-    for (Py_ssize_t i = 0; i < n; i++) {
-        p0[i] = src[8 * i];
-        p1[i] = src[8 * i + 1];
-        p2[i] = src[8 * i + 2];
-        p3[i] = src[8 * i + 3];
-        p4[i] = src[8 * i + 4];
-        p5[i] = src[8 * i + 5];
-        p6[i] = src[8 * i + 6];
-        p7[i] = src[8 * i + 7];
-    }
-}
-
-static inline void
 put_block(uint8_t *out, const uint8_t *const *planes, Py_ssize_t n, int width) {
     switch (width) {
     case 2: interleave2(out, planes, n); break;
@@ -134,10 +110,10 @@ put_block(uint8_t *out, const uint8_t *const *planes, Py_ssize_t n, int width) {
 static inline void
 take_block(uint8_t *const *planes, const uint8_t *src, Py_ssize_t n, int width) {
     switch (width) {
-    case 2: deinterleave2(planes, src, n); break;
+    case 2: deinterleave(planes, src, n, 2); break; /* a constant width: the loop is vectorized */
     case 4: deinterleave4(planes, src, n); break;
+    case 8: deinterleave(planes, src, n, 8); break;
     case 1: memcpy(planes[0], src, (size_t)n); break;
-    case 8: deinterleave8(planes, src, n); break;
     default: deinterleave(planes, src, n, width);
     }
 }

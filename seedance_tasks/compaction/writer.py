@@ -273,8 +273,6 @@ def _distinct_ratio(column: pa.ChunkedArray, rows: int) -> float:
 
 
 def _dictionary_candidate(kind: pa.DataType) -> bool:
-    if pa.types.is_boolean(kind) or pa.types.is_null(kind) or pa.types.is_nested(kind):
-        return False
     return (pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_string_view(kind)
             or pa.types.is_binary(kind) or pa.types.is_large_binary(kind) or pa.types.is_binary_view(kind)
             or pa.types.is_fixed_size_binary(kind) or pa.types.is_integer(kind) or pa.types.is_floating(kind)
