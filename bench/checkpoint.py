@@ -16,7 +16,11 @@ own peak RSS, rounds in turns, each round starting one peer later) on the same s
   (frame, 1 thread): compress and decompress each checkpoint's tensor bytes as one blob in
   memory, checked bit-exact outside the timing;
 - digests: sha256 and BLAKE3 over the same bytes, 4 MiB chunks on 2 threads (the floor under a
-  verified restore).
+  verified restore);
+- floor: on ONE thread, in CPU time (so a busy machine moves it little), zipnn's decompress of
+  each checkpoint against seedance's verified restore of each, and the memory-bound steps every
+  verified restore of a byte-grouped checkpoint must do whatever its entropy coder (touch the
+  output's pages, merge the byte planes, BLAKE3): what the restore goal leaves for decoding.
 
     .venv/bin/python bench/checkpoint.py            # ~14M-parameter model, 8 checkpoints, 3 rounds
     .venv/bin/python bench/checkpoint.py --quick    # small model, 2 rounds, smoke test
@@ -42,7 +46,7 @@ import _peers  # noqa: E402
 
 WORK = REPO / "bench" / "_work" / "checkpoint"
 THREADS = 2  # every peer: the cores of the machine this bench was tuned on, set explicitly
-PEERS = ("seedance", "zipnn", "zstd-3", "lz4", "digests")
+PEERS = ("seedance", "zipnn", "zstd-3", "lz4", "digests", "floor")
 
 SIZES = {  # name: (width, layers, vocab, seq, batch)
     "quick": (128, 2, 1024, 32, 8),
@@ -230,12 +234,67 @@ def peer_digests(folder: Path) -> dict:
     return {"compress_s": 0.0, "restore_s": 0.0, **found}
 
 
+def _cpu_best(work, tries: int = 2) -> float:
+    """The least process CPU seconds of `tries` runs of `work()`."""
+    best = float("inf")
+    for _ in range(tries):
+        gc.collect()
+        start = time.process_time()
+        work()
+        best = min(best, time.process_time() - start)
+    return best
+
+
+def peer_floor(folder: Path, store: Path) -> dict:
+    import blake3
+    import numpy as np
+    import zipnn
+
+    from seedance_tasks import checkpoint
+    from seedance_tasks.checkpoint import codecs
+    from seedance_tasks.checkpoint.store import load_state
+
+    states = _load_states(folder)
+    shutil.rmtree(store, ignore_errors=True)
+    kinds = []
+    for step, state in states:
+        kinds.append(checkpoint.save(state, str(store), "bench", step, workers=1)["depth"])
+    blobs = [tensor_blob(state) for _, state in states]
+    del states
+    codec = zipnn.ZipNN(input_format="byte", bytearray_dtype="float32", threads=1)
+    packed = [codec.compress(bytearray(blob)) for blob in blobs]
+    zipnn_s = sum(_cpu_best(lambda p=p: codec.decompress(p)) for p in packed)
+    by_depth: dict[int, list[float]] = {}
+    for (step, _), depth in zip(_load_states(folder), kinds, strict=True):
+        by_depth.setdefault(depth, []).append(_cpu_best(lambda s=step: load_state(str(store), "bench", s, workers=1)))
+    shutil.rmtree(store, ignore_errors=True)
+    raw = np.frombuffer(blobs[0], dtype=np.uint8)
+    chunk = 4 * 1024**2
+    planes = [codecs.group(raw[i: i + chunk], 4) for i in range(0, raw.size, chunk)]
+
+    def merge() -> None:
+        out = np.empty(raw.size, dtype=np.uint8)
+        for index, grouped in enumerate(planes):
+            codecs.ungroup(grouped, 4, out[index * chunk: index * chunk + grouped.size])
+
+    pages = _cpu_best(lambda: np.ones(raw.size, dtype=np.uint8))
+    merged = _cpu_best(merge)  # pages included: subtracted below
+    digest = _cpu_best(lambda: [blake3.blake3(raw[i: i + chunk]).digest() for i in range(0, raw.size, chunk)])
+    count = len(blobs)
+    return {"compress_s": 0.0, "restore_s": 0.0, "raw": sum(map(len, blobs)), "zipnn_cpu_s": zipnn_s / count,
+            "restore_cpu_s": sum(map(sum, by_depth.values())) / count,
+            "depth_cpu_s": {str(d): statistics.median(v) for d, v in sorted(by_depth.items())},
+            "pages_cpu_s": pages, "merge_cpu_s": max(merged - pages, 0.0), "blake3_cpu_s": digest}
+
+
 def run_peer(name: str, folder: Path, store: Path) -> None:
     started = time.perf_counter()
     if name == "seedance":
         result = peer_seedance(folder, store)
     elif name == "digests":
         result = peer_digests(folder)
+    elif name == "floor":
+        result = peer_floor(folder, store)
     else:
         result = peer_blobs(name, folder)
     _peers.report(time.perf_counter() - started, **result)
@@ -250,6 +309,35 @@ def _mbs(results: list[dict], key: str) -> str:
     return _peers.spread(results, f"{key}_mbs", "{:,.0f}")
 
 
+def _print_floor(runs: list[dict], raw_each: float) -> None:
+    """The one-thread CPU budget of a restore: what zipnn spends, what seedance spends, what any
+    verified restore of byte planes spends before decoding anything, and what the goal leaves."""
+    def ms(key: str) -> str:
+        return _peers.spread(runs, key, "{:.0f}") if not isinstance(runs[0][key], dict) else ""
+
+    for run in runs:
+        for key in ("zipnn_cpu_s", "restore_cpu_s", "pages_cpu_s", "merge_cpu_s", "blake3_cpu_s"):
+            run[key.replace("_s", "_ms")] = run[key] * 1000
+        run["memory_ms"] = run["pages_cpu_ms"] + run["merge_cpu_ms"] + run["blake3_cpu_ms"]
+        run["budget_ms"] = run["zipnn_cpu_ms"] / 1.2 - run["memory_ms"]
+        run["zipnn_decode_ms"] = run["zipnn_cpu_ms"] - run["pages_cpu_ms"] - run["merge_cpu_ms"]
+        run["best_case"] = run["zipnn_cpu_ms"] / (run["memory_ms"] + run["zipnn_decode_ms"])
+    depths = ", ".join(f"depth {d} {1000 * _peers.median([{'v': r['depth_cpu_s'][d]} for r in runs], 'v'):.0f}"
+                       for d in runs[0]["depth_cpu_s"])
+    print(f"\nrestore budget on ONE thread, CPU ms per checkpoint of {raw_each / 1e6:.1f} MB (mean over the "
+          f"sequence, best of 2 each):")
+    print(f"  zipnn decompress {ms('zipnn_cpu_ms')}; seedance verified restore {ms('restore_cpu_ms')} "
+          f"({depths})")
+    print(f"  steps every verified restore of byte planes does before any decoding: output pages "
+          f"{ms('pages_cpu_ms')} + plane merge {ms('merge_cpu_ms')} + BLAKE3 {ms('blake3_cpu_ms')} = "
+          f"{ms('memory_ms')}")
+    print(f"  1.2x zipnn leaves {ms('budget_ms')} ms for reading and entropy-decoding every level of a "
+          f"checkpoint's chain")
+    print(f"  zipnn's own decoding (its time less pages and merge) is {ms('zipnn_decode_ms')}: with a decoder as fast "
+          f"as zipnn's and one level only (a keyframe), a verified restore runs at best "
+          f"{_peers.spread(runs, 'best_case', '{:.2f}')}x zipnn's speed")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small model, 2 rounds, smoke test")
@@ -258,7 +346,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=30, help="training steps before the first checkpoint")
     parser.add_argument("--rounds", type=int, default=None, help="rounds of every peer in turns (default 3, quick 2)")
     parser.add_argument("--limit", type=int, default=None, help="use only the first N checkpoints of the sequence")
-    parser.add_argument("--skip", action="append", default=[], help="skip a peer (zipnn, zstd-3, lz4, digests)")
+    parser.add_argument("--skip", action="append", default=[],
+                        help="skip a peer (zipnn, zstd-3, lz4, digests, floor)")
     parser.add_argument("--run-peer", help=argparse.SUPPRESS)
     parser.add_argument("--folder", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -287,20 +376,35 @@ def main(argv: list[str] | None = None) -> int:
           f"{args.warmup} warm-up steps; {rounds} rounds of {', '.join(names)} in turns, each in a fresh process; "
           f"{THREADS} threads each", flush=True)
     results = _peers.rounds(names, run_one, rounds, note)
-    ours = results["seedance"]
-    raw_each = ours[0]["raw"] / len(paths)
+    raw_each = next(runs[0]["raw"] for runs in results.values() if "raw" in runs[0]) / len(paths)
 
     print(f"\n{len(paths)} checkpoints of {raw_each / 1e6:.1f} MB; median (min–max) over {rounds} rounds")
     header = (f"{'peer':<10} {'sequence':>9} {'1 ckpt':>8} {'compress MB/s':>22} {'restore MB/s':>24} "
               f"{'peak RSS MB':>12}")
     print(header)
     print("-" * len(header))
-    for name in [n for n in names if n != "digests"]:
+    for name in [n for n in names if n not in ("digests", "floor")]:
         runs = results[name]
         restore_label = " (verified)" if name == "seedance" else ""
         print(f"{name:<10} {_peers.median(runs, 'ratio'):>8.3f}x {_peers.median(runs, 'first'):>7.3f}x "
               f"{_mbs(runs, 'compress_s'):>22} {_mbs(runs, 'restore_s') + restore_label:>24} "
               f"{_peers.median(runs, 'peak_rss_mb'):>12,.0f}")
+    if "seedance" in results:
+        _print_seedance(results, paths, rounds)
+    if "floor" in results:
+        _print_floor(results["floor"], raw_each)
+    if "digests" in results:
+        digests = results["digests"]
+        print(f"digests on the same bytes, 4 MiB chunks on {THREADS} threads: sha256 "
+              f"{_peers.spread(digests, 'sha256_mbs', '{:,.0f}')} MB/s (format 1), BLAKE3 "
+              f"{_peers.spread(digests, 'blake3_mbs', '{:,.0f}')} MB/s (format 2)")
+    print(f"\nload average (1 min) before / after: {load_before:.1f} / {os.getloadavg()[0]:.1f} on {os.cpu_count()} "
+          f"cores; whole bench {time.perf_counter() - started:.0f} s")
+    return 0
+
+
+def _print_seedance(results: dict, paths: list, rounds: int) -> None:
+    ours = results["seedance"]
     print("\nseedance: compress = checkpoint.save into a local store (files written, manifest committed); restore = "
           "checkpoint.load (read, decode, delta chain, BLAKE3 of every chunk). Peers: one blob each, in memory.")
     print(f"seedance kinds {ours[0]['kinds']} (K keyframe, d delta); codec choices sampled {ours[0]['sampled']}, "
@@ -321,14 +425,6 @@ def main(argv: list[str] | None = None) -> int:
           f"{_peers.spread(ours, 'save_median_s', '{:.3f}')} s (median)")
     print(f"restore of the deepest delta (depth {ours[0]['depth']}): {_peers.spread(ours, 'deep_s', '{:.3f}')} s vs "
           f"keyframe {_peers.spread(ours, 'key_s', '{:.3f}')} s (best of 2 in turns, each round)")
-    if "digests" in results:
-        digests = results["digests"]
-        print(f"digests on the same bytes, 4 MiB chunks on {THREADS} threads: sha256 "
-              f"{_peers.spread(digests, 'sha256_mbs', '{:,.0f}')} MB/s (format 1), BLAKE3 "
-              f"{_peers.spread(digests, 'blake3_mbs', '{:,.0f}')} MB/s (format 2)")
-    print(f"\nload average (1 min) before / after: {load_before:.1f} / {os.getloadavg()[0]:.1f} on {os.cpu_count()} "
-          f"cores; whole bench {time.perf_counter() - started:.0f} s")
-    return 0
 
 
 if __name__ == "__main__":
