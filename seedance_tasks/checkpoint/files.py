@@ -3,9 +3,10 @@ PyTorch Lightning writes with torch.save) and `.safetensors`.
 
 Reading never unpickles arbitrary objects: `.pt` goes through `torch.load(weights_only=True)`,
 whose restricted unpickler refuses any global it does not know (e.g. `os.system`) before calling
-it; such a file is refused with RefusedError. A file holding something a checkpoint cannot store
-(a meta tensor, which has no data; a sparse tensor...) is refused when read, naming the file and
-the key. Writing goes to a hidden temporary name first and is renamed into place only when
+it; such a file is refused with RefusedError, as is a zip archive with compressed members
+(torch.save writes none; torch.load would inflate them whole into memory). A file holding
+something a checkpoint cannot store (a meta tensor, which has no data; a sparse tensor...) is
+refused when read, naming the file and the key. Writing goes to a hidden temporary name first and is renamed into place only when
 complete, so a failed restore leaves no output file.
 """
 
@@ -63,6 +64,8 @@ def _read_pt(path: Path) -> Any:
     if not (magic.startswith(b"PK\x03\x04") or magic[:1] == b"\x80"):  # torch.save: a zip archive, or a legacy pickle
         raise InputError(f"{path} is not a torch checkpoint (neither a zip archive nor a pickle: starts with {magic!r})",
                          hint="pass a file written by torch.save, or a .safetensors file")
+    if magic.startswith(b"PK"):
+        _refuse_packed_members(path)
     import torch
 
     try:
@@ -77,6 +80,28 @@ def _read_pt(path: Path) -> Any:
     except (RuntimeError, EOFError, OSError, ValueError) as exc:
         raise InputError(f"{path} is not a readable torch checkpoint: {exc}",
                          hint="it is damaged or truncated: write it again with torch.save") from None
+
+
+def _refuse_packed_members(path: Path) -> None:
+    """RefusedError if a member of the zip archive `path` is compressed. torch.save stores every
+    member as is, so a compressed one was repacked or crafted, and torch.load inflates it whole
+    into memory: a file of a few MB can expand past the machine's memory (a zip bomb)."""
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(path) as archive:
+            members = archive.infolist()
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError):
+        return  # not a readable archive: torch.load says what is wrong with it
+    packed = [info for info in members if info.compress_type != zipfile.ZIP_STORED]
+    if packed:
+        expands = sum(info.file_size for info in packed)
+        raise RefusedError(
+            f"{path} has {len(packed)} compressed member(s) (e.g. {packed[0].filename}), {expands:,} bytes once "
+            f"inflated from a {path.stat().st_size:,}-byte file: torch.save compresses none, refused (torch.load "
+            "would inflate them into memory, past what the machine has for a crafted file)",
+            hint="write it again with torch.save (members stored as is), or as .safetensors; to keep files small, "
+            "let the checkpoint store compress them")
 
 
 def _read_safetensors(path: Path) -> Any:

@@ -3,7 +3,8 @@
 `scan` lists what is ready (not hidden, older than `inbox_min_age`, the step named in the file
 name by an explicit step marker, see `parse_name`; `step-000120.pt` -> 120). A file whose name
 has no step marker, or two that disagree, is skipped with a warning naming it and a hint (never
-stored under a guessed step). `ingest_one` compresses one
+stored under a guessed step); so is a shard (`model-00001-of-00002`) and every file of a step
+that several files name (the ranks of a model-parallel save): one of them is part of a checkpoint. `ingest_one` compresses one
 file into the store, verifies the stored checkpoint by decoding it (the digest of every chunk), and
 only then moves the raw file to `INBOX/_seedance/trash/<run-id>/` (purged later by age).
 
@@ -46,6 +47,12 @@ _STEP_MARKER = re.compile(
     r"(?<![a-z0-9])(?:(?:global[_-]?)?step[-_= ]?|checkpoint[-_])([0-9]+)(?![a-z0-9]|\.[0-9])", re.IGNORECASE
 )
 STEP_FORMS = "step-N, step_N, stepN, step=N, global_stepN, checkpoint-N"
+# A shard marker (Hugging Face's `model-00001-of-00002`): the file holds part of a checkpoint.
+_SHARD_MARKER = re.compile(r"(?<![a-z0-9])([0-9]+)-of-([0-9]+)(?![a-z0-9])", re.IGNORECASE)
+_SHARD_HINT = "merge the shards into one file (load each, e.g. with safetensors.torch.load_file, and save their " \
+    "union) as INBOX/<run>/step-<N>.safetensors, or save the checkpoint unsharded"
+_SAME_STEP_HINT = "leave one file per step in the run's folder: merge shards (or ranks) into one file, or move " \
+    "duplicates out of the inbox"
 _HINT = "rename it to INBOX/<run>/step-<N>.pt (N: the training step it was saved at)"
 _LAYOUT_HINT = "move it to INBOX/<run>/step-<N>.pt, or out of the inbox (one file per checkpoint: a folder such " \
     "as HF's checkpoint-<N>/ is not taken; export it with torch.save or safetensors)"
@@ -74,6 +81,10 @@ def _parse(relative: str) -> tuple[tuple[str, int] | None, str | None, str | Non
     suffix = next((suffix for suffix in SUFFIXES if name.lower().endswith(suffix)), None)
     if suffix is None:
         return None, "not a .pt, .pth, .ckpt or .safetensors file", _SUFFIX_HINT
+    shard = next((m for m in _SHARD_MARKER.finditer(name[: -len(suffix)]) if int(m.group(2)) > 1), None)
+    if shard:
+        return None, f"one shard ({shard.group(0)}) of a sharded checkpoint: the inbox takes a whole checkpoint in " \
+            "one file", _SHARD_HINT
     steps = [match.group(1) for match in _STEP_MARKER.finditer(name[: -len(suffix)])]
     if not steps:
         return None, f"no step marker in the name ({STEP_FORMS}); other numbers in it are not taken as the step", _HINT
@@ -93,25 +104,38 @@ def scan(inbox_uri: str, min_age_s: float, now: datetime | None = None, run: str
     `run`, only that run's folder is listed. A file whose layout or name does not say its run and
     step (`name_problem`) is skipped with the reason and a hint (`{path, reason, hint}`) and a
     `warning:` line in the log naming it (`warn=False`: no log line, for a rescan); a file
-    younger than `min_age_s` is skipped silently.
+    younger than `min_age_s` is skipped silently. Files that name the same step of a run (the
+    shards or ranks of one checkpoint, or a duplicate) are all skipped with a warning: storing
+    one of them as the step would store part of it.
     """
     inbox = storage.resolve(inbox_uri)
     now = now or datetime.now(UTC)
-    ready, skipped = [], []
+    ready, skipped, by_step = [], [], {}
+
+    def skip(relative: str, problem: str, hint: str) -> None:
+        skipped.append({"path": relative, "reason": problem, "hint": hint})
+        if warn:
+            log.warning("warning: inbox file %s skipped: %s; hint: %s", inbox.uri_of(inbox.join(relative)),
+                        problem, hint)
+
     for info in storage.list_files(inbox.child(run) if run else inbox):
         relative = inbox.relative(info.path)
         parsed, problem, hint = _parse(relative)
         if parsed is None:
-            skipped.append({"path": relative, "reason": problem, "hint": hint})
-            if warn:
-                log.warning("warning: inbox file %s skipped: %s; hint: %s", inbox.uri_of(inbox.join(relative)),
-                            problem, hint)
+            skip(relative, problem, hint)
             continue
+        by_step.setdefault(parsed, []).append(relative)
         age = (now - info.mtime.astimezone(UTC)).total_seconds() if info.mtime else min_age_s
         if age < min_age_s:
             skipped.append({"path": relative, "reason": f"younger than {min_age_s:g} s (may still be written)"})
             continue
         ready.append({"path": relative, "run": parsed[0], "step": parsed[1], "size": info.size})
+    shared = {key: paths for key, paths in by_step.items() if len(paths) > 1}
+    for item in [item for item in ready if (item["run"], item["step"]) in shared]:
+        ready.remove(item)
+        names = ", ".join(path.rsplit("/", 1)[-1] for path in shared[item["run"], item["step"]])
+        skip(item["path"], f"{len(shared[item['run'], item['step']])} files name step {item['step']} of run "
+             f"{item['run']} ({names}): parts of one checkpoint, or duplicates; none is taken", _SAME_STEP_HINT)
     ready.sort(key=lambda item: (item["run"], item["step"]))
     return {"inbox": inbox.uri, "ready": ready, "skipped": skipped}
 

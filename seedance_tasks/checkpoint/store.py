@@ -905,9 +905,17 @@ def load_state(store_uri: str, run: str, step: int | None, *, workers: int = 0, 
 
 
 def same_content(state: Any, manifest: dict) -> bool:
-    """True if `state` has the same tree and the same tensor bytes (chunk digests) as `manifest`."""
-    digest_field, digest_of = chunk_digest(manifest)
+    """True if `state` has the same tree and the same tensor bytes (chunk digests) as `manifest`,
+    also where a version from before tied weights were stored once stored each tied leaf apart."""
     skeleton, named = flatten(state)
+    if _same_content(skeleton, named, manifest):
+        return True
+    untied = flatten(state, share=False)
+    return len(untied[1]) != len(named) and _same_content(*untied, manifest)
+
+
+def _same_content(skeleton: Any, named: list, manifest: dict) -> bool:
+    digest_field, digest_of = chunk_digest(manifest)
     if not same_tree(skeleton, manifest["tree"]) or len(named) != len(manifest["tensors"]):
         return False
     for (name, tensor), entry in zip(named, manifest["tensors"], strict=True):

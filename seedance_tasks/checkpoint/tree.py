@@ -24,12 +24,18 @@ What the skeleton records besides values (JSON, never pickle):
   the tensor required grad (restored so; `torch.load` keeps it too).
 - `{"tuple": [...], "class": "Size"}`: a `torch.Size` (its items ints), restored as one.
 
+No other class is recorded: a namedtuple, a defaultdict or any other subclass of dict, list or
+tuple of the caller's code is stored as the plain container and restores as one (restoring the
+class would mean importing the caller's code by a name a stored file gives); `flatten` says so
+in a `warning:` log line naming the first path that holds one.
+
 A skeleton without the optional fields (an older manifest: no classes, no shared leaves) restores
 as it did when it was written; a reader from before them ignores them (plain tuples, tensors).
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import re
 import struct
@@ -37,6 +43,8 @@ from collections import OrderedDict
 from typing import Any
 
 from seedance_tasks.errors import IntegrityError, UsageError
+
+log = logging.getLogger(__name__)
 
 ORDERED = "OrderedDict"
 SIZE = "Size"  # the class of a tuple node holding a torch.Size
@@ -237,8 +245,11 @@ def _qname(tensor) -> tuple[str, str]:
     return str(tensor.dtype).removeprefix("torch."), str(tensor.qscheme()).removeprefix("torch.")
 
 
-def flatten(state: Any) -> tuple[Any, list[tuple[str, Any]]]:
-    """(skeleton, [(name, tensor), ...]) of `state`; raises UsageError on a value it cannot store."""
+def flatten(state: Any, *, share: bool = True) -> tuple[Any, list[tuple[str, Any]]]:
+    """(skeleton, [(name, tensor), ...]) of `state`; raises UsageError on a value it cannot store.
+
+    `share=False` gives the form of versions before tied weights were stored once: every leaf a
+    tensor of its own, named by its path (to compare a state with what such a version stored)."""
     tensors: list[tuple[str, Any]] = []
     seen: set[str] = set()
 
@@ -259,7 +270,7 @@ def flatten(state: Any) -> tuple[Any, list[tuple[str, Any]]]:
     quantized_nodes: dict[int, dict] = {}  # id() of a quantized tensor of `state` -> its node
 
     def leaf(tensor: Any, path: str) -> dict:
-        known = by_object.get(id(tensor))  # `state` keeps every object alive: ids stay unique
+        known = by_object.get(id(tensor)) if share else (add(tensor, path)["tensor"], 0)
         if known is None:
             key = _data_key(tensor)
             index = by_data.get(key) if key is not None else None
@@ -301,12 +312,15 @@ def flatten(state: Any) -> tuple[Any, list[tuple[str, Any]]]:
             _check_dense(value, path)
             if not value.is_quantized:
                 return leaf(value, path)
-            if id(value) not in quantized_nodes:
+            if id(value) not in quantized_nodes or not share:
                 quantized_nodes[id(value)] = quantized(value, path)
             return quantized_nodes[id(value)]
         if depth > MAX_DEPTH:
             raise UsageError(f"cannot store {path}: nested more than {MAX_DEPTH} containers deep",
                              hint="a checkpoint's dicts and lists nest at most that deep; flatten that part of the state")
+        if type(value) not in _PLAIN_CONTAINERS and isinstance(value, dict | list | tuple) and \
+                not (type(value).__name__ == SIZE and type(value).__module__ == "torch"):
+            plain.setdefault(type(value), path)
         if isinstance(value, dict):
             items = []
             for key, item in value.items():
@@ -326,7 +340,29 @@ def flatten(state: Any) -> tuple[Any, list[tuple[str, Any]]]:
             return node
         return _scalar(value, path)
 
-    return walk(state, ""), tensors
+    plain: dict[type, str] = {}  # a container class of the caller's code -> the first path holding one
+    skeleton = walk(state, "")
+    for cls, path in plain.items():
+        log.warning("warning: %s", plain_container_note(cls, path))
+    return skeleton, tensors
+
+
+_PLAIN_CONTAINERS = (dict, OrderedDict, list, tuple)
+
+
+def plain_container_note(cls: type, path: str) -> str:
+    """What a save says of a container of class `cls` (a namedtuple, a defaultdict, any other
+    subclass of dict/list/tuple) at `path`: it is stored, and restores, as the plain container.
+    A checkpoint never records a class of the caller's code: restoring one would mean importing
+    that code, and restores never run code named by a stored file."""
+    base = next(kind for kind in (OrderedDict, dict, tuple, list) if issubclass(cls, kind))
+    fields = getattr(cls, "_fields", None)
+    what = f"namedtuple {cls.__qualname__}({', '.join(map(str, fields))})" if issubclass(cls, tuple) and \
+        isinstance(fields, tuple) else f"{cls.__module__}.{cls.__qualname__}"
+    again = f" ({cls.__qualname__}(*value))" if isinstance(fields, tuple) else ""
+    return (f"{path or '/'} (and any other {cls.__qualname__} in the checkpoint) is a {what}: stored as a plain "
+            f"{base.__name__}, it restores as one (a checkpoint records no classes of your code); "
+            f"hint: rebuild it after loading{again}, or save it as a plain {base.__name__}")
 
 
 def _data_key(tensor: Any) -> tuple | None:

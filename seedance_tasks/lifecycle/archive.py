@@ -31,7 +31,9 @@ def thaw(store_uri: str, run: str, step: int | None = None, *, settings: Lifecyc
 
     Idempotent: files already restored or being restored are reported, not requested again. Only
 files under the store's trusted roots are ever named (a manifest naming others is refused).
-    Returns {"files": [{"uri", "step", "storage_class", "state", "action"}], "ready": bool}.
+    A file that is not there (a tier volume not mounted, an object deleted) is `missing`, and the
+    checkpoint not ready. Returns {"files": [{"uri", "step", "storage_class", "state", "action"}],
+    "requested", "missing", "ready": bool}.
     """
     from seedance_tasks.lifecycle.gc import load_lifecycle_settings
 
@@ -47,12 +49,19 @@ files under the store's trusted roots are ever named (a manifest naming others i
     rows = []
     for manifest in chain_manifests(store, run, step, roots):  # validated: only trusted roots
         for name in sorted(manifest["files"]):
-            uri = inventory.file_ref(store, manifest, name).uri
+            ref = inventory.file_ref(store, manifest, name)
+            uri = ref.uri
             if not uri.startswith("s3://"):
-                rows.append({"uri": uri, "step": manifest["step"], "storage_class": None, "state": "readable",
+                location = storage.resolve(ref.root)
+                there = storage.is_file(location.fs, location.join(ref.rel))
+                rows.append({"uri": uri, "step": manifest["step"], "storage_class": None,
+                             "state": "readable" if there else "missing", "action": "none"})
+                continue
+            found = _object_state(uri)
+            if found is None:
+                rows.append({"uri": uri, "step": manifest["step"], "storage_class": None, "state": "missing",
                              "action": "none"})
                 continue
-            found = object_state(uri)
             action = "none"
             if found["state"] == "archived":
                 client = client or storage.boto3_client("s3")
@@ -68,5 +77,18 @@ files under the store's trusted roots are ever named (a manifest naming others i
     return {
         "store": store.uri, "run": run, "step": step, "days": days, "retrieval": retrieval, "files": rows,
         "requested": sum(1 for r in rows if r["action"] != "none"),
+        "missing": sum(1 for r in rows if r["state"] == "missing"),
         "ready": all(r["state"] in ("readable", "restored") for r in rows),
     }
+
+
+def _object_state(uri: str) -> dict | None:
+    """`object_state` of an S3 object, or None if there is no such object (404)."""
+    from botocore.exceptions import ClientError
+
+    try:
+        return object_state(uri)
+    except ClientError as exc:
+        if str(exc.response.get("Error", {}).get("Code")) in ("404", "NoSuchKey", "NotFound"):
+            return None
+        raise

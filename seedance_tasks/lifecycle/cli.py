@@ -169,11 +169,12 @@ def thaw(
     result = run_thaw(_store(store), run, step, days=days, retrieval=retrieval)
 
     def render(res: dict) -> None:
-        console.print(
-            f"{run}/step-{res['step']}: {res['requested']} restore request(s) sent; "
-            + ("every file is readable now" if res["ready"] else "not readable yet: retry `ckpt get` later"),
-            markup=False,
-        )
+        if res["missing"]:
+            state = (f"{res['missing']} file(s) missing (a tier volume not mounted, or deleted?): the checkpoint "
+                     "cannot be restored until they are back")
+        else:
+            state = "every file is readable now" if res["ready"] else "not readable yet: retry `ckpt get` later"
+        console.print(f"{run}/step-{res['step']}: {res['requested']} restore request(s) sent; {state}", markup=False)
         console.print(table("files", ["step", "file", "class", "state", "action"],
                             [[f["step"], f["uri"], f["storage_class"] or "local", f["state"], f["action"]]
                              for f in res["files"]]))

@@ -31,7 +31,7 @@ import pyarrow.fs as pafs
 from seedance_tasks import journal as journals
 from seedance_tasks import storage
 from seedance_tasks.checkpoint import catalog
-from seedance_tasks.lifecycle import costs, inventory, journaled, policy
+from seedance_tasks.lifecycle import costs, inventory, journaled, policy, tier_marks
 from seedance_tasks.lifecycle.settings import ARCHIVE_CLASSES, LifecycleSettings
 from seedance_tasks.storage import Location
 
@@ -81,20 +81,40 @@ def _linked(store: Location, manifest: dict) -> str | None:
     return None
 
 
-def _on_missing_root(store: Location, manifest: dict, present: dict[str, bool]) -> str | None:
-    """Why a checkpoint must be left alone: a tier location it has files under does not exist (an
-    unmounted volume, a deleted bucket), so its files can be neither found nor retired (else None).
-    `present` caches each root's answer for one plan."""
+def _on_missing_root(store: Location, manifest: dict, present: dict[str, str | None]) -> str | None:
+    """Why a checkpoint must be left alone: a tier location it has files under does not exist (a
+    deleted bucket, an unmounted volume) or is an unmounted volume's empty mountpoint (it lacks
+    the tier mark tiering left there: `tier_marks`), so its files can be neither found nor retired
+    (else None). `present` caches each root's answer for one plan."""
     for name in sorted(manifest["files"]):
         root = inventory.file_ref(store, manifest, name).root
         if root == store.uri:
             continue
         if root not in present:
             location = storage.resolve(root)
-            present[root] = location.fs.get_file_info(location.path).type == pafs.FileType.Directory
-        if not present[root]:
-            return f"its tier location {root} does not exist (unmounted, or deleted?): its files were not found"
+            if location.fs.get_file_info(location.path).type != pafs.FileType.Directory:
+                present[root] = f"its tier location {root} does not exist (unmounted, or deleted?): its files were not found"
+            else:
+                present[root] = tier_marks.problem(store, root)
+        if present[root]:
+            return present[root]
     return None
+
+
+def _measure(store: Location, manifest: dict) -> None:
+    """Set the `size` of each of the manifest's file entries (in memory) to the bytes its file has
+    where it lives (0 if it is not there): what GC frees is what it finds, not what an untrusted
+    manifest claims."""
+    by_root: dict[str, list[tuple[str, str]]] = {}
+    for name in manifest["files"]:
+        ref = inventory.file_ref(store, manifest, name)
+        by_root.setdefault(ref.root, []).append((name, ref.rel))
+    for root, items in by_root.items():
+        location = storage.resolve(root)
+        infos = location.fs.get_file_info([location.join(rel) for _, rel in items])
+        for (name, _), info in zip(items, infos, strict=True):
+            found = info.type == pafs.FileType.File and info.size is not None
+            manifest["files"][name]["size"] = int(info.size) if found else 0
 
 
 def _strays(store: Location, run: str, found: list[dict], now: datetime, min_age_s: float) -> list[dict]:
@@ -128,6 +148,7 @@ def plan_run(store: Location, run: str, rules: policy.RetentionPolicy, now: date
         if reason:
             refused.append({"step": manifest["step"], "reason": reason})
         else:
+            _measure(store, manifest)
             garbage.append(manifest)
     if refused:  # a checkpoint left alone stays, and so does every base its restore reads
         kept = policy.with_bases(found, {**kept, **{item["step"]: ["left alone"] for item in refused}})

@@ -39,7 +39,7 @@ from seedance_tasks.checkpoint import catalog
 from seedance_tasks.checkpoint.manifest import FileRef, normal_root, step_dir
 from seedance_tasks.errors import IntegrityError, RefusedError, SeedanceError, UsageError
 from seedance_tasks.lease import LeaseLostError
-from seedance_tasks.lifecycle import costs, inventory, journaled
+from seedance_tasks.lifecycle import costs, inventory, journaled, tier_marks
 from seedance_tasks.lifecycle.settings import ARCHIVE_CLASSES, TIERS, LifecycleSettings, TieringSettings
 from seedance_tasks.storage import Location
 
@@ -295,6 +295,8 @@ def move_checkpoint(store: Location, manifest: dict, target: str, settings: Life
             held.check()
         _switch(store, run, step, manifest["id"], moves, target, roots)
         return {"run": run, "step": step, "to": target, "action": "moved", "files": len(moves)}
+    for root in sorted({m["dst"]["root"] for m in moves if not m["in_place"]}):
+        tier_marks.ensure(store, root, target)  # never onto an unmounted volume's mountpoint
     retires = [m["src"]["rel"] for m in moves if m["src"]["root"] == store.uri and not m["in_place"]]
     external = [{**m["src"], "delete": False} for m in moves if m["src"]["root"] != store.uri and not m["in_place"]]
     entry = journals.Journal.begin(
@@ -475,6 +477,9 @@ def tier(
     settings = settings or load_lifecycle_settings()
     store = catalog.existing_store(store_uri)
     check_locations(store, settings.tiers)
+    for name in ("warm", "cold"):
+        if settings.tiers.spec(name).uri:
+            tier_marks.check(store, settings.tiers.spec(name).uri, name)
     now = now or datetime.now(UTC)
     names = journaled.run_names(store, runs)
     usable = [name for name in TIERS if name == "hot" or settings.tiers.spec(name).uri or store.is_s3]
@@ -525,7 +530,13 @@ def tier(
                 failed.append(entry)
                 errors.append((error, exc))
             if run_found is not None:  # counted before: counted after, as it is now
-                after.add(catalog.read_run(store, run, roots)[0])
+                now_found, broken = catalog.read_run(store, run, roots)
+                after.add(now_found)
+                # one damaged since the plan: reported, and counted as it was (no saving claimed for it)
+                listed = {(item["run"], item["step"]) for item in damaged}
+                damaged.extend(item for item in broken if (item["run"], item["step"]) not in listed)
+                lost = {item["step"] for item in broken}
+                after.add(m for m in run_found if m["step"] in lost)
     if on_progress:
         on_progress(len(names), len(names))
     before, after = before.report(), after.report()
