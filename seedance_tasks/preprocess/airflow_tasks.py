@@ -29,10 +29,12 @@ from seedance_tasks.errors import UsageError
 
 log = logging.getLogger("seedance_tasks.preprocess")
 
-SHARD_PROBLEMS = frozenset({"refused", "unreadable", "truncated", "too-large", "no-key"})
+SHARD_PROBLEMS = frozenset({"refused", "unreadable", "truncated", "trailing-data", "too-large", "no-key"})
 """Kinds of verify problems of one shard's own tar that preprocessing quarantines by itself (the
 rest of the run goes on); any other problem (a missing shard, a bad index, a key in two shards,
 counts or checksums unlike the index's, an image that does not decode) still fails verify."""
+
+LOGGED_PROBLEMS = 100  # verify problems logged one per line before the task fails
 
 SHARD_PARAMS = {"shard_size": "shard_size", "check_decode": "check_decode"}
 PREPROCESS_PARAMS = {"image_size": "size", "io_workers": "io_workers", "cpu_workers": "cpu_workers",
@@ -84,7 +86,9 @@ def build_task(params: dict[str, Any]) -> dict[str, Any]:
 def verify_task(built: dict[str, Any], params: dict[str, Any] | None = None) -> dict[str, Any]:
     """Verify the shards. A problem of one shard's own tar (`SHARD_PROBLEMS`: hostile, truncated,
     corrupt) is logged as an `error:` line and left to preprocessing, which quarantines that shard;
-    any other problem fails the task (RefusedError/IntegrityError) as before."""
+    any other problem is logged (one `error:` line each, up to `LOGGED_PROBLEMS`) and fails the
+    task (`raise_for_problems`: at once, without retries, when no re-read can change it, e.g.
+    an image that does not decode with `check_decode` on)."""
     from seedance_tasks.shards.verify import raise_for_problems, verify
 
     shard_settings, _ = _settings(params or {})
@@ -92,7 +96,14 @@ def verify_task(built: dict[str, Any], params: dict[str, Any] | None = None) -> 
                     max_member_size=int(shard_settings.max_member_size))
     listed = {item["shard"] for item in report["per_shard"]}
     own = [item for item in report["problems"] if item["kind"] in SHARD_PROBLEMS and item["shard"] in listed]
-    raise_for_problems({**report, "problems": [item for item in report["problems"] if item not in own]})
+    rest = [item for item in report["problems"] if item not in own]
+    for item in rest[:LOGGED_PROBLEMS]:  # the task log lists what the error's hint speaks of
+        log.error("error: %s%s: %s (%s)", item["shard"], f", key {item['key']!r}" if item.get("key") else "",
+                  item["problem"], item["kind"])
+    if len(rest) > LOGGED_PROBLEMS:
+        log.error("... and %d more problem(s): `seedance shards verify --json %s` lists them all",
+                  len(rest) - LOGGED_PROBLEMS, built["shards"])
+    raise_for_problems({**report, "problems": rest})
     for item in own:
         log.error("error: %s: %s\n  hint: left to the preprocess task, which quarantines this shard "
                   "(the other shards go on)", item["shard"], item["problem"])
@@ -106,14 +117,14 @@ def plan_task(built: dict[str, Any], params: dict[str, Any]) -> list[dict[str, A
     """Finish interrupted preprocess runs on the output, then split the shards into groups to map over."""
     from seedance_tasks import journal, lease, storage
     from seedance_tasks.dag_support import airflow_lease_holder
-    from seedance_tasks.preprocess.run import JOURNAL_KIND, LEASE_NAME
+    from seedance_tasks.preprocess.run import JOURNAL_KIND, LEASE_NAME, output_names
     from seedance_tasks.shards.index import resolve_shards
 
     _, settings = _settings(params)
     out = storage.resolve(built["out"])
     with lease.holding(out, LEASE_NAME, holder=airflow_lease_holder(), purpose="seedance_preprocess", release=False):
         journal.recover(out, JOURNAL_KIND)  # no sibling runs yet: every earlier run's journals
-    names = [shard.name for shard in resolve_shards(built["shards"]).shards]
+    names = output_names(resolve_shards(built["shards"]).shards)  # unique, unlike basenames in subfolders
     step = settings.shards_per_group
     return [{"shards": built["shards"], "out": built["out"], "names": names[i : i + step]}
             for i in range(0, len(names), step)]
@@ -140,9 +151,11 @@ def preprocess_group_task(group: dict[str, Any], params: dict[str, Any]) -> dict
 def finalize_task(built: dict[str, Any], results: list[dict[str, Any]], asset=None) -> dict[str, Any]:
     """Write the output index and one summary of the run (quarantined shards included); releases
     the output's lease. The event on `asset` carries the output URI, its index and its counts.
-    Fails (RefusedError/InputError, the index left as it was) when every shard is quarantined."""
+    Fails (RefusedError/InputError, the index left as it was) when every shard is quarantined,
+    and (InputError, as `seedance preprocess run` exits 1, after the index is written) when the
+    run read samples and every one of them failed."""
     from seedance_tasks.dag_support import airflow_lease_holder
-    from seedance_tasks.preprocess.run import finalize, nothing_left_error
+    from seedance_tasks.preprocess.run import all_failed_error, finalize, nothing_left_error
 
     quarantined = [item for r in results for item in r.get("quarantined") or []]
     if quarantined and not any(r["shards"] or r["skipped"] for r in results):
@@ -153,6 +166,9 @@ def finalize_task(built: dict[str, Any], results: list[dict[str, Any]], asset=No
                            purpose="seedance_preprocess finalize"):  # released: a fixed rerun need not wait
             raise nothing_left_error(built["shards"], quarantined)
     index = finalize(built["out"], holder=airflow_lease_holder())
+    samples_in = sum(r.get("samples_in") or 0 for r in results)
+    if samples_in and not sum(r.get("samples_out") or 0 for r in results):
+        raise all_failed_error(built["shards"], samples_in, [item for r in results for item in r.get("failed") or []])
     rates = [r["samples_per_s"] for r in results if r.get("samples_per_s")]
     summary = {
         "shards_uri": built["shards"], "out": built["out"], "index": index["index"],

@@ -56,13 +56,9 @@ def run_command(
     report_quarantined(result["quarantined"])
     emit(result, as_json, _render_run)
     if result.get("samples_in") and not result.get("samples_out"):
-        from seedance_tasks.errors import InputError
+        from seedance_tasks.preprocess.run import all_failed_error
 
-        first = result["failed"][0] if result["failed"] else {}
-        raise InputError(f"none of the {result['samples_in']:,} samples of {shards} could be preprocessed: every one "
-                         f"failed (the first, {first.get('key')!r}: {first.get('reason')})",
-                         hint="see the failed list above: JPEG and PNG images are taken; fix or convert the images, "
-                         "then run again on a new --out")
+        raise all_failed_error(shards, result["samples_in"], result["failed"])
 
 
 def report_quarantined(quarantined: list[dict]) -> None:

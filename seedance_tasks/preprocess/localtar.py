@@ -5,9 +5,10 @@ two-member sample, a tenth of the pipeline's parent process). A shard that seeda
 any plain ustar tar, needs much less: `plain_members` parses the 512-byte headers itself and
 accepts a tar only if every member is a regular file with a safe name, a valid checksum and an
 octal size inside the file and under the member-size limit, and the end-of-archive marker
-follows the last member. Anything else (links, devices, directories, PAX/GNU extended headers,
-base-256 sizes, damage, truncation) gives None, and the caller reads the shard with
-`tario.iter_members`, which raises its precise error. So the fast path accepts a subset of what
+follows the last member, with nothing but zero padding after it. Anything else (links, devices,
+directories, PAX/GNU extended headers, base-256 sizes, damage, truncation, a second tar appended)
+gives None, and the caller reads the shard with `tario.iter_members`, which raises its precise
+error. So the fast path accepts a subset of what
 the checked reader accepts, and yields exactly the same (name, data) pairs.
 """
 
@@ -22,10 +23,12 @@ from seedance_tasks.shards.tario import (
     END_OF_ARCHIVE,
     TarProblem,
     check_member_name,
+    first_nonzero,
 )
 
 _REGULAR = (b"0", b"\0")
 _MAGICS = (b"ustar\x0000",)  # POSIX ustar only: GNU headers use the prefix field for other things
+_PADDING_CHUNK = 1024 * 1024
 
 
 def _octal(field: bytes) -> int | None:
@@ -56,6 +59,16 @@ def _header(block: bytes) -> tuple[str, int] | None:
     return (f"{prefix}/{name}" if prefix else name), size
 
 
+def _zeros_from(read_at, offset: int, total: int) -> bool:
+    """Whether bytes [offset, total) of the tar are all zero (a writer's padding, not another tar)."""
+    while offset < total:
+        data = read_at(offset, min(_PADDING_CHUNK, total - offset))
+        if not data or first_nonzero(data) is not None:
+            return False
+        offset += len(data)
+    return True
+
+
 def plain_members(read_at, total: int, *, max_member_size: int = DEFAULT_MAX_MEMBER_SIZE
                   ) -> list[tuple[str, int, int]] | None:
     """(name, data offset, size) of every member of a `total`-byte tar if it is plain; else None.
@@ -70,7 +83,9 @@ def plain_members(read_at, total: int, *, max_member_size: int = DEFAULT_MAX_MEM
             return None  # cut inside a header, or no room left for the end marker
         block = read_at(position, BLOCK)
         if block == END_OF_ARCHIVE[:BLOCK]:
-            return members if read_at(position, 2 * BLOCK) == END_OF_ARCHIVE else None
+            if read_at(position, 2 * BLOCK) != END_OF_ARCHIVE:
+                return None
+            return members if _zeros_from(read_at, position + 2 * BLOCK, total) else None
         parsed = _header(block)
         if parsed is None:
             return None
@@ -121,7 +136,7 @@ def iter_local_members(path: str) -> Iterator[tuple[str, bytes]] | None:
             for name, offset, size in members:
                 data = os.pread(fd, size, offset)
                 if len(data) != size:  # the file shrank since its headers were read
-                    raise TarProblem(f"{path}: member {name!r} is truncated", kind="truncated",
+                    raise TarProblem(f"{path}: member {name!r} is truncated", kind="truncated", member=name,
                                      hint="the tar changed while it was read; rebuild or re-fetch it")
                 yield name, data
         finally:

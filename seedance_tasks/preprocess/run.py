@@ -6,7 +6,9 @@ else by sample batches (`pipeline.Pipeline`: I/O threads, CPU processes, this pr
 `parallel` in the settings picks, and the summary's `parallel` says which ran. Both write the
 same bytes; shards lost with a dead worker are redone by sample batches.
 
-One output shard per input shard, with the input's name. Output shards and their done-records
+One output shard per input shard, with the input's name. A sample becomes `KEY.npy` (its image
+member: `transform.image_extension`) plus its other members; one that has an `npy` member of its
+own fails (`transform.output_clash`) rather than lose it. Output shards and their done-records
 (`OUT/_seedance/preprocess/done/<name>.json`: source, samples, sha256, failed keys) are written
 hidden and published together, in one journal, when the run is complete (the journal records
 them before they are started), so a rerun skips finished shards and the DAG's mapped tasks can
@@ -28,8 +30,8 @@ anything is written; an S3 shard (checked as it streams) or a local one whose pr
 once its data is read may fail half written: its staged output goes to the trash, and the other
 shards' outputs move to a second journal that publishes only them (see `_without`). A problem
 that is not the shard's (storage down, disk full, permission denied, a bug) still stops the run
-and publishes nothing, as does an unsafe output (`--out` being the shards' directory, or leased
-by another writer). A rerun reports a quarantined shard again from its record while the file is
+and publishes nothing, as does an unsafe output (`--out` being the shards' directory or inside
+the directory they are listed from, or leased by another writer). A rerun reports a quarantined shard again from its record while the file is
 unchanged (same size and mtime) and checks it again once it changed (fixed, it is processed and
 its record retired to the trash). `finalize` lists them in the index's `seedance` part and leaves
 them out of its shard list.
@@ -37,12 +39,11 @@ them out of its shard list.
 
 from __future__ import annotations
 
-import ast
 import contextlib
 import hashlib
 import logging
+import os
 import posixpath
-import re
 import time
 from collections.abc import Callable, Collection
 from datetime import UTC, datetime
@@ -56,7 +57,7 @@ from seedance_tasks.preprocess import shardwise
 from seedance_tasks.preprocess.pipeline import Pipeline, Processed, ShardDone, ShardFailed, StageTimes
 from seedance_tasks.preprocess.settings import PreprocessSettings
 from seedance_tasks.preprocess.sizing import choose_pools
-from seedance_tasks.preprocess.transform import npy_header
+from seedance_tasks.preprocess.transform import npy_header, output_clash
 from seedance_tasks.shards import index as shard_index
 from seedance_tasks.shards.index import ShardRef, resolve_shards
 from seedance_tasks.shards.tario import TarShardWriter, open_sink, scan_headers
@@ -70,7 +71,6 @@ QUARANTINE_DIR = f"{storage.QUARANTINE_DIR}/preprocess"  # one record per quaran
 WRITE_BUFFER = 8 * 1024 * 1024
 QUARANTINE_HINT = ("the shard was left where it is and nothing of it was published; the other shards were "
                    "processed. Rebuild or re-fetch it, then run again (a changed shard is checked again)")
-_MEMBER = re.compile(r": member ('(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\")")
 
 
 def output_names(shards: list[ShardRef]) -> list[str]:
@@ -130,14 +130,8 @@ def shard_problem(error: InputError | RefusedError) -> dict[str, Any]:
     """What a shard-level error says, as a quarantine record holds it: kind, error, hint and the
     member it names (None when the problem is the whole tar's)."""
     kind = "refused" if isinstance(error, RefusedError) else getattr(error, "kind", "unreadable")
-    match = _MEMBER.search(error.message)
-    member = None
-    if match:
-        try:
-            member = ast.literal_eval(match.group(1))  # the reader names members with repr()
-        except (ValueError, SyntaxError):
-            member = match.group(1)
-    return {"kind": kind, "member": member, "error": error.message,
+    member = getattr(error, "member", None)  # the readers' errors carry it (`tario.TarProblem`, `HostileMember`)
+    return {"kind": kind, "member": member if isinstance(member, str) else None, "error": error.message,
             "hint": error.hint or "this tar is not a plain WebDataset shard; rebuild or re-fetch it"}
 
 
@@ -218,6 +212,18 @@ def nothing_left_error(shards_uri: str, quarantined: list[dict]) -> InputError |
     return InputError(message, hint=hint)
 
 
+def all_failed_error(shards_uri: str, samples_in: int, failed: list[dict]) -> InputError:
+    """The error of a run that read `samples_in` (> 0) samples and wrote none: every one is in
+    `failed` (the first names its key and reason). The CLI and the DAG's last task raise it alike,
+    after the run's outputs and index are written (they record the failures)."""
+    first = failed[0] if failed else {}
+    return InputError(f"none of the {samples_in:,} samples of {shards_uri} could be preprocessed: every one failed "
+                      f"(the first, {first.get('key')!r} in {first.get('shard')}: {first.get('reason')})",
+                      hint="see the failed list (the summary's `failed`, and each shard's record under "
+                      f"{DONE_DIR}/): JPEG and PNG images are taken; fix or convert the images, then run again "
+                      "on a new output")
+
+
 def run(
     shards_uri: str,
     out_uri: str,
@@ -240,7 +246,8 @@ def run(
     doc; the other shards are processed and published all the same, and nothing of a quarantined
     shard is). Raises RefusedError/InputError, after recording them, only when every shard of
     a whole run (`only` None) is quarantined: then there is nothing to go on with.
-    `only` restricts the run to those shard names or URIs (the DAG's groups); `recover` finishes
+    `only` restricts the run to those shards, named by output name (`output_names`: what the
+    DAG's groups use), URI or basename (UsageError if a basename is two shards'); `recover` finishes
     every interrupted run on the output first (off: only the earlier attempts of this group, as
     mapped sibling tasks must). `holder` owns the output's lease (default: this run's id; kept
     after the run with `release_lease=False`, for the next task of the same DAG run); another
@@ -254,14 +261,19 @@ def run(
     pairs = list(zip(shard_set.shards, names, strict=True))
     if only is not None:
         wanted = set(only)
+        for item in wanted - set(names):  # a basename two shards share names neither alone
+            if len(same := [shard.uri for shard, _name in pairs if shard.name == item]) > 1:
+                raise UsageError(f"{item!r} names {len(same)} shards of {shards_uri}: {', '.join(same[:3])}"
+                                 + (", ..." if len(same) > 3 else ""),
+                                 hint="name each shard by its URI or its output name "
+                                 f"({', '.join(name for shard, name in pairs if shard.name == item)})")
         pairs = [(shard, name) for shard, name in pairs if shard.name in wanted or shard.uri in wanted
                  or name in wanted]
         missing = wanted - {p[0].name for p in pairs} - {p[0].uri for p in pairs} - {p[1] for p in pairs}
         if missing:
             raise UsageError(f"shards not found in {shards_uri}: {sorted(missing)[:5]}")
     out = storage.resolve(out_uri)
-    if out.path in {posixpath.dirname(shard.location.path) for shard, _name in pairs}:
-        raise UsageError("--out must differ from the shards' directory", hint="write outputs to a new directory")
+    _refuse_out_among_shards(out, shard_set, [shard for shard, _name in pairs])
     run_id = storage.new_run_id()
     with lease.holding(out, LEASE_NAME, holder=holder or run_id, purpose=f"seedance preprocess run of {shards_uri}",
                        wait_s=wait_s, release=release_lease) as held:
@@ -270,6 +282,30 @@ def run(
     if only is None and summary["quarantined"] and len(summary["quarantined"]) == len(pairs):
         raise nothing_left_error(shards_uri, summary["quarantined"])
     return summary
+
+
+def _refuse_out_among_shards(out, shard_set, shards: list[ShardRef]) -> None:
+    """UsageError if the output is the folder of an input shard (its outputs, named as the inputs,
+    would replace them), or lies inside the folder the shards were listed from (no index: a rerun
+    would list the outputs as shards)."""
+    def real(location) -> str:
+        path = location.path.rstrip("/")
+        return posixpath.normpath(os.path.realpath(path)) if location.scheme == "file" else path
+
+    target = real(out)
+    for shard in shards:
+        if shard.location.scheme == out.scheme and posixpath.dirname(real(shard.location)) == target:
+            raise UsageError(f"--out {out.uri} is the folder of the input shard {shard.uri}: the outputs would "
+                             "replace the shards", hint="write the outputs to a new folder (e.g. SHARDS-preprocessed)")
+    if shard_set.index_uri is not None:
+        return
+    root = storage.resolve(shard_set.source)
+    if root.scheme != out.scheme or root.fs.get_file_info(root.path).type != pafs.FileType.Directory:
+        return  # a brace pattern or a single tar: nothing is listed
+    if target.startswith(real(root) + "/"):
+        raise UsageError(f"--out {out.uri} lies inside {shard_set.source}, whose tars are the shards: a rerun "
+                         "would read the outputs as shards",
+                         hint="write the outputs to a folder outside the shards' (e.g. next to it, SHARDS-preprocessed)")
 
 
 def group_prefix(names: list[str]) -> str:
@@ -456,6 +492,8 @@ def _run(shards_uri: str, out_uri: str, out, pairs: list, settings: PreprocessSe
         else:
             state = counts[number]
             state["seen"] += 1
+            if item.error is None and (clash := output_clash(item.key, item.members)) is not None:
+                item.error = clash
             if item.error is not None:
                 state["failed"].append({"shard": todo[number][0].uri, "key": item.key, "reason": item.error})
             else:

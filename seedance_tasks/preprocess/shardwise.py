@@ -59,13 +59,16 @@ class ShardBad:
     samples_in: int
     times: StageTimes = field(default_factory=StageTimes)
     cpu: float = 0.0
+    member: str | None = None  # the member at fault, as the reader's error names it
 
     def error(self) -> InputError | RefusedError:
         """The error again, as the parent quarantines it."""
         if self.refused:
-            return RefusedError(self.message, hint=self.hint)
-        error = InputError(self.message, hint=self.hint)
-        error.kind = self.kind
+            error = RefusedError(self.message, hint=self.hint)
+        else:
+            error = InputError(self.message, hint=self.hint)
+            error.kind = self.kind
+        error.member = self.member
         return error
 
 
@@ -97,6 +100,7 @@ def preprocess_shard(shard: ShardRef, staged: str, size: int, draft: bool) -> Sh
         image_extension,
         no_image_reason,
         npy_header,
+        output_clash,
         to_chw,
     )
     from seedance_tasks.shards.tario import TarShardWriter, iter_samples, open_sink
@@ -126,6 +130,9 @@ def preprocess_shard(shard: ShardRef, staged: str, size: int, draft: bool) -> Sh
                     failed.append({"shard": shard.uri, "key": sample.key, "reason": no_image_reason(sample.members)})
                     continue
                 image = sample.members.pop(ext)
+                if (clash := output_clash(sample.key, sample.members)) is not None:
+                    failed.append({"shard": shard.uri, "key": sample.key, "reason": clash})
+                    continue
                 try:
                     array = to_chw(image, size, draft=draft, timings=stages)
                 except Exception as exc:  # noqa: BLE001 - any undecodable image is reported, not fatal
@@ -147,7 +154,7 @@ def preprocess_shard(shard: ShardRef, staged: str, size: int, draft: bool) -> Sh
     cpu = time.process_time() - cpu_started
     if bad is not None:
         return ShardBad(isinstance(bad, RefusedError), bad.message, bad.hint, getattr(bad, "kind", "unreadable"),
-                        seen, times, cpu)
+                        seen, times, cpu, getattr(bad, "member", None))
     return ShardWritten(seen, writer.samples, writer.size, writer.sha256.hexdigest(), failed, times, cpu)
 
 

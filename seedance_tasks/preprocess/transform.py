@@ -19,7 +19,9 @@ What an image becomes, the same with or without `draft` and in or out of the poo
 - An EXIF orientation tag (2-8) is applied, as `ImageOps.exif_transpose` and photo viewers do:
   a phone photo comes out upright. A malformed EXIF block is ignored (orientation 1).
 - A truncated image fails, whatever the process set `ImageFile.LOAD_TRUNCATED_IMAGES` to (a
-  training script often sets it; the pool's workers import that script).
+  training script often sets it; the pool's workers import that script), and so does a PNG
+  whose compressed data ends cleanly before its last row (PIL would leave those rows black:
+  `shards.imagedata.png_shortfall`).
 - An image declaring more than `MAX_PIXELS` pixels fails from its header, before anything is
   decoded, whatever `Image.MAX_IMAGE_PIXELS` says.
 - Images smaller than SIZE (down to 1x1) and extreme aspect ratios are upscaled from their
@@ -37,10 +39,10 @@ from PIL import Image, ImageFile
 
 from seedance_tasks.preprocess import fastjpeg, fastresize
 from seedance_tasks.preprocess.fastresize import needs_reduce, resize_chw, resize_rgbx_chw
+from seedance_tasks.shards.imagedata import MAX_PIXELS, png_shortfall
 
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png")
 ALPHA_BACKGROUND = (255, 255, 255)  # what transparent pixels are composited over
-MAX_PIXELS = 178_956_970  # PIL's own refusal threshold at its default MAX_IMAGE_PIXELS
 _GRAY16 = ("I;16", "I;16B", "I;16L", "I;16N", "I")  # PIL's modes of a 16-bit grey PNG
 _ORIENTATION = 0x0112
 _TRANSPOSE = {2: Image.Transpose.FLIP_LEFT_RIGHT, 3: Image.Transpose.ROTATE_180, 4: Image.Transpose.FLIP_TOP_BOTTOM,
@@ -49,16 +51,36 @@ _TRANSPOSE = {2: Image.Transpose.FLIP_LEFT_RIGHT, 3: Image.Transpose.ROTATE_180,
 
 
 def image_extension(extensions) -> str | None:
-    """The member extension holding the sample's image (`jpg`, `jpeg`, `png`, or `*.jpg`...), or None."""
-    for ext in sorted(extensions):
+    """The member extension holding the sample's image, or None: a plain `jpg`, `jpeg` or `png` (any
+    case; the first by name if there are several) where the sample has one, else the first by
+    name of its `*.jpg`, `*.png`... (`left.jpg`). So `depth.png` or `mask.png` beside the sample's
+    `jpg` stays one of its other members, whatever the names sort as."""
+    best = None
+    for ext in extensions:
         if ext.lower().rsplit(".", 1)[-1] in IMAGE_EXTENSIONS:
-            return ext
-    return None
+            rank = ("." in ext, ext)
+            if best is None or rank < best:
+                best = rank
+    return None if best is None else best[1]
 
 
 def no_image_reason(extensions) -> str:
     """Why a sample whose member extensions are `extensions` has no image to transform."""
     return f"no JPEG/PNG member (members: {', '.join(sorted(extensions)) or 'none'})"
+
+
+OUTPUT_EXTENSION = "npy"  # the preprocessed array's member: KEY.npy
+
+
+def output_clash(key: str, extensions) -> str | None:
+    """Why the sample `key` (members `extensions`, its image taken out or not) cannot have its
+    array written as KEY.npy: a member of its own is `npy` in any case (it would be overwritten,
+    or make a second KEY.npy once readers lowercase it); None if it can."""
+    for ext in extensions:
+        if ext.lower() == OUTPUT_EXTENSION:
+            return (f"{key}.{ext}: the sample has a member of its own named like the output array "
+                    f"({key}.{OUTPUT_EXTENSION}), which would replace it; rename that member, then run again")
+    return None
 
 
 def to_chw(data: bytes, size: int, *, draft: bool = True, timings: list[float] | None = None,
@@ -96,6 +118,8 @@ def to_chw(data: bytes, size: int, *, draft: bool = True, timings: list[float] |
             if resize_rgbx_chw(pixels, size, box, reducing_gap, planes):
                 return _finish(planes, transpose, out, timings, (t0, t1))
     _load_whole(image)
+    if image.format == "PNG" and (short := png_shortfall(data)) is not None:
+        raise OSError(short)  # PIL leaves the rows its data lacks black
     transpose = _TRANSPOSE.get(_orientation(image))
     image = _rgb_or_rgba(image)
     t1 = time.perf_counter()

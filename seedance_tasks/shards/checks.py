@@ -2,14 +2,19 @@
 
 A corrupt JPEG packed into a shard passes every tar-level check and then breaks the first reader
 (webdataset's `decode("pil")`, wids) at that sample, mid-epoch. With `check_decode`, every member
-whose extension is an image format is opened and fully decoded with PIL (bounded: an image above
-PIL's pixel limit is refused from its header, before decoding), as those readers will.
+whose extension is an image format is opened and fully decoded with PIL, as those readers will.
+Bounded: an image above `imagedata.MAX_PIXELS` (where PIL refuses to decode and the preprocessing
+transform fails) is refused from its header, before decoding; below it, both decode it, so it
+passes. A PNG whose data lacks rows its header declares (PIL would fill them with black) is
+refused too.
 """
 
 from __future__ import annotations
 
 import io
 from collections.abc import Callable
+
+from seedance_tasks.shards.imagedata import MAX_PIXELS, png_shortfall
 
 IMAGE_EXTENSIONS = frozenset(
     {"jpg", "jpeg", "png", "webp", "gif", "bmp", "tif", "tiff", "ppm", "pgm", "pbm", "pnm", "jp2", "jfif"}
@@ -28,10 +33,13 @@ def image_problem(data: bytes) -> str | None:
     try:
         with Image.open(io.BytesIO(data)) as image:
             width, height = image.size
-            limit = Image.MAX_IMAGE_PIXELS
-            if limit and width * height > limit:
-                return f"{width}x{height} pixels is above the decoder's limit of {limit:,}"
+            if width * height > MAX_PIXELS:  # whatever this process set Image.MAX_IMAGE_PIXELS to
+                return (f"{width}x{height} pixels is above the limit of {MAX_PIXELS:,} (PIL's own refusal "
+                        "threshold: a decompression bomb?)")
             image.load()
+            short = png_shortfall(data) if image.format == "PNG" else None
+        if short is not None:  # PIL leaves the rows its data lacks black; readers would too
+            return f"does not decode as an image ({short})"
     except Image.UnidentifiedImageError:
         return "does not decode as an image (not a format the decoder recognises)"
     except Exception as exc:  # noqa: BLE001 - PIL raises OSError, SyntaxError, ValueError, struct.error...

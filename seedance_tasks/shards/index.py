@@ -23,6 +23,7 @@ from seedance_tasks.errors import InputError, RefusedError, SeedanceError, Usage
 from seedance_tasks.storage import Location
 
 INDEX_NAME = "shardindex.json"
+COMPRESSED_SUFFIXES = (".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz", ".tar.zst", ".tzst")
 WIDS_VERSION = 1
 MAX_PATTERN_SHARDS = 100_000  # a brace pattern is expanded in memory: refuse one that names more
 _INT_RANGE = re.compile(r"^(-?\d+)\.\.(-?\d+)(?:\.\.-?(\d+))?$")  # braceexpand's own ranges
@@ -251,6 +252,9 @@ def _listed_shards(uri: str, use_index: bool) -> ShardSet:
     if info.type == pafs.FileType.File:
         if location.path.endswith(".json"):
             return read_index(location)
+        if location.path.endswith(COMPRESSED_SUFFIXES):
+            raise UsageError(f"{uri} is a compressed tar: shards are read as plain .tar files",
+                             hint="decompress it to a .tar (e.g. gunzip), or rebuild with `seedance shards build`")
         if not location.path.endswith(".tar"):
             raise UsageError(f"{uri} is neither a .tar shard nor a shard index",
                              hint="point at a .tar, a shardindex.json, a directory of shards or a brace pattern")
@@ -261,14 +265,34 @@ def _listed_shards(uri: str, use_index: bool) -> ShardSet:
     index = location.child(INDEX_NAME)
     if use_index and storage.is_file(location.fs, index.path):
         return read_index(index)
-    refs = [
-        _ref(Location(location.fs, item.path, location.scheme), item.size)
-        for item in storage.list_files(location)
-        if item.path.endswith(".tar")
-    ]
+    files = storage.list_files(location)
+    refs = [_ref(Location(location.fs, item.path, location.scheme), item.size)
+            for item in files if item.path.endswith(".tar")]
     if not refs:
+        compressed = sum(1 for item in files if item.path.endswith(COMPRESSED_SUFFIXES))
+        if compressed:
+            raise InputError(f"no .tar shards under {uri}, only {compressed} compressed tar(s) (.tar.gz, .tgz...): "
+                             "shards are read as plain .tar files",
+                             hint="decompress them to .tar files (e.g. gunzip), or rebuild with `seedance shards build`")
         raise InputError(f"no .tar shards under {uri}", hint="build them with `seedance shards build`")
     return ShardSet(uri, refs)
+
+
+def _is_pattern(uri: str) -> bool:
+    """Whether `uri` is a brace pattern: a range (`{0..9}`, as always), or a list (`{a,b}`) where
+    no file or folder of that very name exists (a name may hold braces)."""
+    if "{" not in uri:
+        return False
+    if ".." in uri:
+        return True
+    try:
+        listed = pattern_size(uri) > 1
+    except ValueError:  # unbalanced: a plain name
+        return False
+    if not listed:
+        return False
+    location = storage.resolve(uri)
+    return location.fs.get_file_info(location.path).type == pafs.FileType.NotFound
 
 
 def resolve_shards(uri: str, *, use_index: bool = True, strict: bool = True) -> ShardSet:
@@ -276,11 +300,13 @@ def resolve_shards(uri: str, *, use_index: bool = True, strict: bool = True) -> 
 
     `uri` may be a directory (its `shardindex.json` if present and `use_index`, else every visible
     `*.tar` below it, sorted), an index `.json` file, one `.tar`, or a brace pattern of tars (at
-    most MAX_PATTERN_SHARDS of them). A problem of the listing (a bad index or entry, a shard of
-    the pattern not found) raises its error if `strict`; otherwise it is left in `problems` and
-    the other shards are listed.
+    most MAX_PATTERN_SHARDS of them: ranges `{000..099}` and lists `{a,b}`, as webdataset takes
+    them). A problem of the listing (a bad index or entry, a shard of the pattern not found)
+    raises its error if `strict`; otherwise it is left in `problems` and the other shards are
+    listed. A compressed tar (`.tar.gz`...) is not a shard: one named, or a folder holding only
+    those, is an error that says so.
     """
-    shard_set = _pattern_shards(uri) if "{" in uri and ".." in uri else _listed_shards(uri, use_index)
+    shard_set = _pattern_shards(uri) if _is_pattern(uri) else _listed_shards(uri, use_index)
     if strict and shard_set.problems:
         raise shard_set.problems[0].error()
     return shard_set

@@ -299,10 +299,7 @@ def _parquet_samples(source: Source, shuffle: bool, seed: int,
         if (problem := _columns_problem(table.column_names, key_column)) is not None:
             source.rejected.append(Rejected(None, f"{relative}#rowgroup{group}", problem))
             continue
-        payload = [
-            field.name for field in table.schema
-            if field.name != key_column and (pa.types.is_binary(field.type) or pa.types.is_large_binary(field.type))
-        ]
+        payload = [field.name for field in table.schema if field.name != key_column and is_bytes_type(field.type)]
         required = source.required or payload
         columns = {name: column_values(table.column(name)) for name in table.column_names}
         order = list(range(table.num_rows))
@@ -327,6 +324,13 @@ def _parquet_samples(source: Source, shuffle: bool, seed: int,
             else:
                 seen.add(digest)
                 yield key, members
+
+
+def is_bytes_type(type_: pa.DataType) -> bool:
+    """Whether a column of `type_` holds raw bytes (an image...): binary in any of Arrow's layouts
+    (large, view, fixed size: another writer's choice, e.g. polars' binary_view)."""
+    return (pa.types.is_binary(type_) or pa.types.is_large_binary(type_) or pa.types.is_binary_view(type_)
+            or pa.types.is_fixed_size_binary(type_))
 
 
 def _key_digest(key: str) -> int:

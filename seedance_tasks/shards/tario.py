@@ -6,9 +6,11 @@ FIFO is refused (`RefusedError`) before its data is read; nothing is ever extrac
 A member is read only if its declared size is below the limit and below the size of the whole
 tar (a sparse member can declare a terabyte in a kilobyte file). The tar must end with its
 end-of-archive marker (two zero blocks): one cut exactly at a member boundary, or with a
-damaged header after the last good member, is not complete. Each of these is a `TarProblem`
-(an `InputError` with a `kind`) naming the shard. `iter_samples` groups members into WebDataset
-samples by key.
+damaged header after the last good member, is not complete; after the marker only zero padding
+may follow (readers stop at the marker: a second tar appended would never be read). Each of these
+is a `TarProblem` (an `InputError` with a `kind`) naming the shard, and the member at fault in its
+`member` (a hostile one: `HostileMember`, a `RefusedError`). `iter_samples` groups members into
+WebDataset samples by key.
 
 Writing: `TarShardWriter` writes POSIX ustar members with integer mtimes (no PAX header per
 member, unlike `webdataset.TarWriter`), counts the headers and padding in its size, and hashes
@@ -22,7 +24,7 @@ import hashlib
 import os
 import re
 import tarfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import BinaryIO
 
@@ -38,11 +40,25 @@ _TAIL_WINDOW = 64 * 1024  # > tarfile's read-ahead (one 10 KiB record) + the 1 K
 
 
 class TarProblem(InputError):
-    """A tar that is not a complete, plain shard; `kind` says how (truncated, too-large, unreadable)."""
+    """A tar that is not a complete, plain shard; `kind` says how (truncated, too-large, unreadable,
+    trailing-data), `member` names the member at fault (None when the problem is the whole tar's)."""
 
-    def __init__(self, message: str, *, kind: str = "unreadable", hint: str | None = None):
+    def __init__(self, message: str, *, kind: str = "unreadable", hint: str | None = None,
+                 member: str | None = None):
         super().__init__(message, hint=hint or "rebuild or re-fetch this shard")
         self.kind = kind
+        self.member = member
+
+
+class HostileMember(RefusedError):
+    """A tar member refused before its data is read (a link, a device, a FIFO, an unsafe name);
+    `member` is its name as the tar gives it."""
+
+    def __init__(self, message: str, *, member: str, hint: str | None = None):
+        super().__init__(message, hint=hint)
+        self.member = member
+
+
 _KEY_EXT = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")  # as webdataset.tariterators.base_plus_ext
 _RESERVED_EXT = re.compile(r"^__.*__$")  # webdataset's and wids' own sample fields: __key__, __url__...
 
@@ -136,8 +152,8 @@ def member_problem(info: tarfile.TarInfo) -> str | None:
 def _refuse_if_hostile(info: tarfile.TarInfo, shard: str) -> None:
     problem = member_problem(info)
     if problem:
-        raise RefusedError(
-            f"{shard}: member {info.name!r} refused: {problem}",
+        raise HostileMember(
+            f"{shard}: member {info.name!r} refused: {problem}", member=info.name,
             hint="this tar is not a plain WebDataset shard; it is never extracted",
         )
 
@@ -154,12 +170,12 @@ def _check_size(info: tarfile.TarInfo, shard: str, file_size: int | None, limit:
     if file_size is not None and info.size > file_size:
         raise TarProblem(
             f"{shard}: member {info.name!r}{sparse} declares {info.size:,} bytes, more than the whole tar "
-            f"({file_size:,} bytes); refused without reading it", kind="too-large",
+            f"({file_size:,} bytes); refused without reading it", kind="too-large", member=info.name,
         )
     if info.size > limit:
         raise TarProblem(
             f"{shard}: member {info.name!r}{sparse} declares {info.size:,} bytes, above the limit of "
-            f"{limit:,} bytes; refused without reading it", kind="too-large",
+            f"{limit:,} bytes; refused without reading it", kind="too-large", member=info.name,
             hint="raise shards.max_member_size if members this large are expected, else rebuild the shard",
         )
 
@@ -174,6 +190,36 @@ def _check_end(marker: bytes, shard: str, last: str | None, offset: int) -> None
         f"{shard}: {what} {after} (offset {offset:,}) without the end-of-archive marker (two zero blocks): "
         "the tar is truncated or damaged there", kind="truncated",
     )
+
+
+TRAILING_HINT = ("readers (webdataset, wids, tar) stop at the first end-of-archive marker, so what follows it is never "
+                 "read; split the tars apart (or rebuild the shard) so that each is a shard of its own")
+_SCAN_CHUNK = 1024 * 1024
+
+
+def trailing_problem(shard: str, offset: int, nonzero: int) -> TarProblem:
+    """The error of a tar whose bytes after its end-of-archive marker (at `offset`) are not all
+    zero padding: the first that is not is at `nonzero` (another tar appended, or garbage)."""
+    return TarProblem(
+        f"{shard}: holds data after its end-of-archive marker (offset {offset:,}; the first non-zero byte at "
+        f"{nonzero:,}): another tar appended to it, or garbage; members there would never be read",
+        kind="trailing-data", hint=TRAILING_HINT,
+    )
+
+
+def first_nonzero(data: bytes | memoryview) -> int | None:
+    """Where the first byte of `data` that is not zero is, or None if all are."""
+    stripped = bytes(data).lstrip(b"\0")
+    return len(data) - len(stripped) if stripped else None
+
+
+def check_padding(read: Callable[[int], bytes], shard: str, marker: int, offset: int) -> None:
+    """Raise `trailing_problem` unless every byte `read(size)` gives from `offset` on (to its end,
+    an empty read) is zero; `marker` is where the end-of-archive marker starts."""
+    while data := read(_SCAN_CHUNK):
+        if (found := first_nonzero(data)) is not None:
+            raise trailing_problem(shard, marker, offset + found)
+        offset += len(data)
 
 
 class _TailReader:
@@ -195,6 +241,15 @@ class _TailReader:
                 del self.tail[: len(self.tail) - _TAIL_WINDOW]
         return data
 
+    def rest_is_padding(self, shard: str, marker: int) -> None:
+        """Raise `trailing_problem` unless every byte after the end-of-archive marker at `marker`
+        (those read ahead already, and the rest of the stream) is zero."""
+        after = marker + len(END_OF_ARCHIVE)
+        start = len(self.tail) - (self.position - after)
+        if (found := first_nonzero(self.tail[max(start, 0) :])) is not None:
+            raise trailing_problem(shard, marker, after + found)
+        check_padding(self.read, shard, marker, self.position)
+
     def bytes_at(self, offset: int, size: int) -> bytes:
         """Bytes [offset, offset + size) of the stream (reading on as needed), short at its end."""
         while self.position < offset + size and self.read(BLOCK * 2):
@@ -205,21 +260,39 @@ class _TailReader:
         return bytes(self.tail[start : start + size])
 
 
+_COMPRESSED = ((b"\x1f\x8b", "gzip", "gunzip"), (b"BZh", "bzip2", "bunzip2"), (b"\xfd7zXZ\0", "xz", "unxz"),
+               (b"\x28\xb5\x2f\xfd", "zstd", "unzstd"))
+
+
+def not_a_tar(shard: str, head: bytes, reason: object) -> TarProblem:
+    """The error of a shard `tarfile` cannot open; `head` (its first bytes) tells a compressed tar,
+    which is named as such: shards are read as plain tars, never decompressed on the fly."""
+    for magic, name, tool in _COMPRESSED:
+        if head.startswith(magic):
+            return TarProblem(f"{shard}: is {name}-compressed, not a plain tar (shards are read uncompressed, one "
+                              "sequential read each)", hint=f"decompress it ({tool}) to a .tar, or rebuild the shards "
+                              "with `seedance shards build`")
+    return TarProblem(f"{shard}: not a readable tar ({reason})")
+
+
 def iter_members(stream: BinaryIO, shard: str, *, file_size: int | None = None,
                  max_member_size: int | None = None) -> Iterator[tuple[str, bytes]]:
     """(name, data) of every regular file in the tar `stream`, in order, checked as it streams.
 
-    Directories are skipped. Raises RefusedError on a hostile member (before reading its data),
+    Directories are skipped. Raises HostileMember (a RefusedError) on a hostile member (before
+    reading its data),
     TarProblem (an InputError) for a member whose declared size exceeds `max_member_size` or the
-    tar's own `file_size` (checked before allocating), a tar without its end-of-archive marker,
-    and a truncated or corrupt tar; `shard` names the tar in each.
+    tar's own `file_size` (checked before allocating), a tar without its end-of-archive marker
+    or with anything but zero padding after it (read to its end), and a truncated or corrupt
+    tar; `shard` names the tar in each, and each error's `member` the member at fault (None for the
+    whole tar's problems).
     """
     limit = DEFAULT_MAX_MEMBER_SIZE if max_member_size is None else int(max_member_size)
     reader = _TailReader(stream)
     try:
         archive = tarfile.open(fileobj=reader, mode="r|")
     except tarfile.TarError as exc:
-        raise TarProblem(f"{shard}: not a readable tar ({exc})") from None
+        raise not_a_tar(shard, bytes(reader.tail[:8]) if reader.position <= _TAIL_WINDOW else b"", exc) from None
     last: str | None = None
     with archive:
         try:
@@ -232,13 +305,14 @@ def iter_members(stream: BinaryIO, shard: str, *, file_size: int | None = None,
                 data = handle.read() if handle is not None else b""
                 if len(data) != info.size:
                     raise TarProblem(f"{shard}: member {info.name!r} is truncated", kind="truncated",
-                                     hint="the tar is incomplete; rebuild or re-fetch it")
+                                     hint="the tar is incomplete; rebuild or re-fetch it", member=info.name)
                 last = info.name
                 yield _normalise(info.name), data
             end = archive.offset
         except (tarfile.TarError, EOFError, OSError) as exc:
             raise TarProblem(f"{shard}: truncated or corrupt tar ({exc})") from None
     _check_end(reader.bytes_at(end, len(END_OF_ARCHIVE)), shard, last, end)
+    reader.rest_is_padding(shard, end)
 
 
 def scan_headers(path: str, shard: str, *, max_member_size: int | None = None) -> int:
@@ -257,15 +331,20 @@ def scan_headers(path: str, shard: str, *, max_member_size: int | None = None) -
                 if not info.isdir():
                     _check_size(info, shard, file_size, limit)
                 if info.offset_data + info.size > file_size and not info.issparse():
-                    raise TarProblem(f"{shard}: member {info.name!r} is truncated", kind="truncated")
+                    raise TarProblem(f"{shard}: member {info.name!r} is truncated", kind="truncated",
+                                     member=info.name)
                 count += 1
                 last = info.name
             end = archive.offset
     except (tarfile.TarError, EOFError) as exc:
+        if count == 0:
+            with open(path, "rb") as handle:
+                raise not_a_tar(shard, handle.read(8), exc) from None
         raise TarProblem(f"{shard}: truncated or corrupt tar ({exc})") from None
     with open(path, "rb") as handle:
         handle.seek(end)
         _check_end(handle.read(len(END_OF_ARCHIVE)), shard, last, end)
+        check_padding(handle.read, shard, end, end + len(END_OF_ARCHIVE))
     return count
 
 
@@ -280,17 +359,20 @@ class TarSample:
 def iter_samples(members: Iterable[tuple[str, bytes]], shard: str) -> Iterator[TarSample]:
     """Group consecutive members with the same key into samples (WebDataset's rule).
 
-    A member without an extension, or a key.ext seen twice in a row, is an InputError naming the
-    shard; a key that reappears later is left for the caller (verify reports it as a duplicate).
+    A member without an extension, or a key.ext seen twice in a row, is a TarProblem (an
+    InputError) naming the shard and the member; a key that reappears later is left for the
+    caller (verify reports it as a duplicate).
     """
     current: TarSample | None = None
     for name, data in members:
         key, ext = split_key(name)
         if key is None:
-            raise InputError(f"{shard}: member {name!r}: {no_key_reason(name)}")
+            raise TarProblem(f"{shard}: member {name!r}: {no_key_reason(name)}", member=name,
+                             hint="every member of a shard is KEY.EXT; rebuild the shard")
         if current is not None and key == current.key:
             if ext in current.members:
-                raise InputError(f"{shard}: member {name!r} appears twice in sample {key!r}")
+                raise TarProblem(f"{shard}: member {name!r} appears twice in sample {key!r}", member=name,
+                                 hint="each KEY.EXT once per sample; rebuild the shard")
             current.members[ext] = data
             continue
         if current is not None:

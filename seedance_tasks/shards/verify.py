@@ -1,7 +1,8 @@
 """`seedance shards verify`: check shards without trusting them.
 
 Every tar is streamed once (so `s3://` costs one GET per shard) and checked: readable to the end
-and ending with its end-of-archive marker (a tar cut exactly at a member boundary is truncated),
+and ending with its end-of-archive marker (a tar cut exactly at a member boundary is truncated)
+followed by nothing but zero padding (a second tar appended is never read by readers),
 no member with an absolute name, `..`, a link, a device node or a FIFO, no member declaring more
 bytes than `shards.max_member_size` or than the whole tar (refused before it is read, so a
 sparse tar declaring a terabyte costs nothing), no key seen twice (in the same shard or across
@@ -129,7 +130,7 @@ def verify(uri: str, *, use_index: bool = True, check_decode: bool | None = None
     """Check every shard of `uri` (any WebDataset source `resolve_shards` accepts); returns a report.
 
     The report's `ok` is True only if no shard has a problem; `problems` lists each one with the
-    shard, the key where there is one, a kind (refused, unreadable, truncated, too-large,
+    shard, the key where there is one, a kind (refused, unreadable, truncated, trailing-data, too-large,
     undecodable, no-key, bad-name, duplicate, count, size, checksum, missing, index) and a message naming
     the member where there is one. A bad index entry, an entry leaving the index's directory
     (refused) and a shard of a brace pattern that is not there are problems too, and the other
@@ -168,14 +169,56 @@ def verify(uri: str, *, use_index: bool = True, check_decode: bool | None = None
     }
 
 
+class BadShards(IntegrityError):
+    """Shards whose own bytes are wrong (images that do not decode, duplicate or unreadable names,
+    members too large, data after the end marker): reading them again gives the same answer, so a
+    DAG task fails at once instead of being retried (exit code 4, as any verify problem)."""
+
+    retryable = False
+
+
+DATA_KINDS = frozenset({"undecodable", "duplicate", "bad-name", "no-key", "too-large", "trailing-data", "index"})
+"""Kinds of problem that are in the bytes themselves: no later read can change them. The others
+(count, size, checksum, missing, truncated, unreadable) may be a shard still being written or
+replaced, or a storage hiccup, and stay retryable."""
+
+_KIND_HINTS = {
+    "undecodable": "images that do not decode as readers decode them: fix or drop those samples and rebuild the "
+                   "shards (`seedance shards build` rejects them while check_decode is on), or verify with "
+                   "--no-check-decode (shards.check_decode: false) to leave them to preprocessing, which reports "
+                   "each as a failed sample",
+    "duplicate": "a key or KEY.EXT twice, which readers merge or reject: rebuild the shards from the samples "
+                 "(`seedance shards build` writes each key once)",
+    "bad-name": "member names readers cannot split back into key and extension: rebuild the shards",
+    "no-key": "members without a KEY.EXT name: rebuild the shards",
+    "too-large": "members above shards.max_member_size: raise it if they are expected, else rebuild the shards",
+    "trailing-data": "data after a tar's end-of-archive marker, which readers never read: split the tars apart or "
+                     "rebuild the shards",
+}
+_DEFAULT_HINT = "rebuild the listed shards (seedance shards build) or re-fetch them"
+
+
 def raise_for_problems(report: dict[str, Any]) -> None:
-    """Raise RefusedError (a hostile tar) or IntegrityError (anything else) for a failed report."""
+    """Raise for a failed report: RefusedError (a hostile tar, or an index naming files outside its
+    directory), BadShards (an IntegrityError that no retry fixes: every problem is a `DATA_KINDS`
+    one), else IntegrityError. The message counts the problems by kind and quotes the first; the
+    hint says what to do about each kind present."""
     problems = report["problems"]
     if not problems:
         return
     first = problems[0]
-    summary = f"{len(problems)} problem(s) in {report['source']}; first: {first['shard']}: {first['problem']}"
-    if any(item["kind"] == "refused" for item in problems):
+    counts: dict[str, int] = {}
+    for item in problems:
+        counts[item["kind"]] = counts.get(item["kind"], 0) + 1
+    kinds = ", ".join(f"{count} {kind}" for kind, count in counts.items())
+    where = f"{first['shard']}" + (f", key {first['key']!r}" if first.get("key") else "")
+    said = first["problem"] if first["problem"].startswith(f"{first['shard']}:") else f"{where}: {first['problem']}"
+    summary = f"{len(problems)} problem(s) in {report['source']} ({kinds}); first: {said}"
+    if "refused" in counts:
         raise RefusedError(summary, hint="these shards hold hostile members, or the index names files outside its "
                            "directory; nothing is extracted or followed")
-    raise IntegrityError(summary, hint="rebuild the listed shards (seedance shards build) or re-fetch them")
+    hints = list(dict.fromkeys(_KIND_HINTS.get(kind, _DEFAULT_HINT) for kind in counts))
+    hint = "; ".join(hints) + (" (`seedance shards verify --json` lists every problem)" if len(problems) > 1 else "")
+    if set(counts) <= DATA_KINDS:
+        raise BadShards(summary, hint=hint)
+    raise IntegrityError(summary, hint=hint)

@@ -78,6 +78,8 @@ DAMAGE = {  # kind of damage -> (damaged bytes, the member the error names, the 
     "truncated": (lambda data: data[: len(data) // 2 + 100], None, "unreadable"),  # "truncated or corrupt tar"
     # headers all fine (no pre-run check finds it); its samples before it are written, then set aside
     "no-key": (lambda data: _with_member(data, _sized("zz", 1), b"x"), "zz", "unreadable"),
+    # a second tar appended: readers stop at the first end marker, so its samples would be lost unseen
+    "appended": (lambda data: data + data, None, "trailing-data"),
 }
 
 
@@ -311,3 +313,18 @@ def test_the_dag_quarantines_a_hostile_shard_and_publishes_the_others(tmp_path, 
     assert summary["quarantined_count"] == 1 and summary["quarantined"][0]["name"] == BAD
     assert summary["output_shards"] == 3
     assert visible(tmp_path / "out") == visible(root / "reference")
+
+
+@pytest.mark.parametrize("parallel", ["shards", "samples"])
+@pytest.mark.parametrize("damage", ["symlink", "oversize", "no-key"])
+def test_the_record_names_the_member_the_reader_found_whatever_the_path_says(tmp_path, good, damage, parallel):
+    """The member comes from the reader's error itself, not from its text: a folder whose name reads
+    like a member (`: member 'decoy.jpg'`) does not stand in for it, in either way of running."""
+    root, _reference, _keys = good
+    shards = _damaged_copy(root, tmp_path / "in: member 'decoy.jpg' x", damage)
+    settings = PreprocessSettings(size=SIZE, io_workers=1, cpu_workers=1, batch_size=4, parallel=parallel)
+    result = run(str(shards), str(tmp_path / "out"), settings=settings)
+    (item,) = result["quarantined"]
+    assert item["member"] == DAMAGE[damage][1] and item["kind"] == DAMAGE[damage][2], item
+    record = json.loads((tmp_path / "out" / QUARANTINE_DIR / f"{BAD}.json").read_text())
+    assert record["member"] == DAMAGE[damage][1]
