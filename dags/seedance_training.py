@@ -29,14 +29,17 @@ from seedance_tasks.dag_support import DEFAULT_ARGS, from_config, optional_param
 
 
 def _profile_names() -> list[str]:
-    """Profile names for the form's dropdown (a cheap YAML read; `auto` if the file is unreadable)."""
+    """Proposals for the profile field: the repository's profile names and `nccl-defaults` (a cheap
+    YAML read; `auto` and `nccl-defaults` alone if the file is unreadable). Proposals, not a fixed
+    list: a deployment's own `training.profiles_file` names others, which the plan task checks."""
     import yaml
 
     path = Path(__file__).resolve().parent.parent / "config" / "nccl_profiles.yaml"
     try:
-        return ["auto", *(yaml.safe_load(path.read_text()) or {}).get("profiles", {})]
+        names = list((yaml.safe_load(path.read_text()) or {}).get("profiles", {}))
     except (OSError, yaml.YAMLError, AttributeError):
-        return ["auto"]
+        names = []
+    return ["auto", *names, *(["nccl-defaults"] if "nccl-defaults" not in names else [])]
 
 
 @dag(
@@ -84,8 +87,10 @@ def _profile_names() -> list[str]:
             description_md="A saved `nvidia-smi topo -m` file on the worker, or `detect`. Empty: no GPUs "
             "(a CPU/gloo plan).", section="NCCL",
         ),
-        "profile": optional_param("NCCL profile", "auto = derived from the topology.", enum=_profile_names(),
-                                  empty=from_config("training.profile"), section="NCCL"),
+        "profile": optional_param(
+            "NCCL profile", "auto = derived from the topology; or a profile of `training.profiles_file` "
+            "(the plan refuses a name that file does not have, listing those it has).", examples=_profile_names(),
+            empty=from_config("training.profile"), section="NCCL"),
         "nic_transport": optional_param(
             "NIC transport", "How the NICs carry inter-node traffic; auto = from the topology's NIC Legend.",
             empty=from_config("training.nic_transport"), section="NCCL", enum=["auto", "ib", "efa", "none"],

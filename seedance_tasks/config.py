@@ -389,6 +389,7 @@ def _raw(path: str | Path | None, environ: Mapping[str, str]) -> dict[str, Any]:
         _RAW.clear()
         data = _read_file(source, explicit)
         data = _merge(data, _env_overrides(environ))
+        _refuse_nul(data, [], source, environ)
         unknown = [name for name in data if name not in SECTIONS]
         if unknown:
             raise ConfigError(
@@ -398,6 +399,26 @@ def _raw(path: str | Path | None, environ: Mapping[str, str]) -> dict[str, Any]:
             )
         _RAW[key] = data
     return _RAW[key]
+
+
+def _refuse_nul(value: Any, path: list[str], source: Path, environ: Mapping[str, str]) -> None:
+    """ConfigError naming the key (and the SEEDANCE__* variable that set it) of the first text that
+    holds a NUL byte (YAML's "\\0" or "\\u0000" escape): no path, name or URI can, and it would fail far
+    from the setting, as an unexpected error."""
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            _refuse_nul(key, path, source, environ)
+            _refuse_nul(item, [*path, str(key)], source, environ)
+    elif isinstance(value, list | tuple):
+        for index, item in enumerate(value):
+            _refuse_nul(item, [*path, str(index)], source, environ)
+    elif isinstance(value, str) and "\x00" in value:
+        variable = _env_origin(environ, [part.lower() for part in path])
+        raise ConfigError(
+            f"invalid settings in {source} (+ {ENV_PREFIX}* environment): "
+            + (f"'{'.'.join(path)}'" if path else "a top-level key") + (f" (from {variable})" if variable else "")
+            + f": {quoted(value)} holds a NUL byte (\\0): no path, name, URI or other setting can",
+            hint=(f"fix or unset {variable}; " if variable else "") + CONFIG_HINT)
 
 
 def _unknown_section(name: str, environ: Mapping[str, str]) -> str:
@@ -410,28 +431,37 @@ MAX_CONFIG_BYTES = 4 * 1024**2
 """The largest config file read (the repository's is 20 KiB): `/dev/zero` must not fill the memory."""
 
 
+def read_yaml_file(path: str | Path, what: str, source_hint: str, format_hint: str) -> Any:
+    """The YAML value of the file `path` (None for an empty one), read as every settings-like file
+    is: at most MAX_CONFIG_BYTES, UTF-8, through `load_yaml` (no Python objects, no key given
+    twice, no alias bomb). Every failure is a ConfigError naming `what` and `path` (missing,
+    unreadable, oversized, not UTF-8, not YAML with its line), with a hint: `source_hint` says
+    where the path comes from, `format_hint` what the file should hold."""
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read(MAX_CONFIG_BYTES + 1)
+        if len(data) > MAX_CONFIG_BYTES:
+            raise ConfigError(f"{what} {path} is larger than {MAX_CONFIG_BYTES // 1024**2} MiB",
+                              hint=f"{source_hint}; it holds a few KiB of YAML")
+        return load_yaml(data.decode("utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"{what} not found: {path}", hint=f"check the path; {source_hint}") from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read {what} {path}: {exc.strerror or exc}",
+                          hint=f"check the path and its permissions; {source_hint}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{what} {path} is not UTF-8 text (byte {exc.start} cannot be decoded)",
+                          hint=f"save it as UTF-8 YAML; {format_hint}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{what} {path} is not valid YAML: {yaml_problem(exc)}", hint=YAML_HINT) from None
+
+
 def _read_file(source: Path, explicit: bool) -> dict[str, Any]:
     if not (explicit or source.exists()):
         return {}
-    try:
-        with open(source, "rb") as handle:
-            data = handle.read(MAX_CONFIG_BYTES + 1)
-        if len(data) > MAX_CONFIG_BYTES:
-            raise ConfigError(f"config file {source} is larger than {MAX_CONFIG_BYTES // 1024**2} MiB",
-                              hint="point $SEEDANCE_CONFIG at the settings file (a few KiB of YAML)")
-        loaded = load_yaml(data.decode("utf-8")) or {}
-    except FileNotFoundError:
-        raise ConfigError(f"config file not found: {source}",
-                          hint=f"check the path (${CONFIG_ENV} names the config file; unset, config/seedance.yaml "
-                          "is read)") from None
-    except OSError as exc:
-        raise ConfigError(f"cannot read config file {source}: {exc.strerror or exc}",
-                          hint=f"check the path and its permissions (${CONFIG_ENV} names the config file)") from None
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"config file {source} is not UTF-8 text (byte {exc.start} cannot be decoded)",
-                          hint="save it as UTF-8 YAML; see config/seedance.yaml for the format") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"config file {source} is not valid YAML: {yaml_problem(exc)}", hint=YAML_HINT) from None
+    loaded = read_yaml_file(source, "config file",
+                            f"${CONFIG_ENV} names the config file (unset, config/seedance.yaml is read)",
+                            "see config/seedance.yaml for the format") or {}
     if not isinstance(loaded, dict):
         raise ConfigError(f"config file {source} must hold a mapping of sections, not a {type(loaded).__name__}",
                           hint="write `section:` lines at the top level, as config/seedance.yaml does")

@@ -179,16 +179,19 @@ def create_app():
     def cost_report(root: int, month: str) -> HTMLResponse:
         """The month's report.html of the `root`-th chargeback root (only configured roots are served)."""
         from seedance_tasks import storage
+        from seedance_tasks.dashboard.reading import MAX_REPORT_BYTES, read_root_file
 
         roots = find_sources().of("cost")
         if not MONTH.fullmatch(month) or not 0 <= root < len(roots):
             raise HTTPException(404, "no such cost root or month")
         location = storage.resolve(roots[root].uri)
-        path = location.join(f"month={month}", "report.html")
-        if not storage.is_file(location.fs, path):
-            raise HTTPException(404, f"no report.html for {month}")
-        return HTMLResponse(storage.read_bytes(location.fs, path).decode(errors="replace"),
-                            headers={"Content-Security-Policy": REPORT_POLICY})
+        try:  # never through a symlink below the root: it could lead to any file the server reads
+            html = read_root_file(location, f"month={month}/report.html", MAX_REPORT_BYTES)
+        except FileNotFoundError:
+            raise HTTPException(404, f"no report.html for {month}") from None
+        except ValueError as exc:
+            raise HTTPException(404, f"report.html for {month} not served: {exc}") from None
+        return HTMLResponse(html.decode(errors="replace"), headers={"Content-Security-Policy": REPORT_POLICY})
 
     @app.get("/savings", response_class=HTMLResponse)
     def savings() -> str:

@@ -376,3 +376,27 @@ def test_json_output_is_strict_json_even_with_nan_or_infinite_numbers(capsys):
     emit({"ratio": float("nan"), "rate": [float("inf"), 1.5], "n": 3}, True, print)
     assert json.loads(capsys.readouterr().out, parse_constant=lambda name: pytest.fail(name)) == {
         "ratio": None, "rate": [None, 1.5], "n": 3}
+
+
+@pytest.mark.parametrize(("how", "key"), [
+    ("file", "'training.log_dir'"),
+    ("env", "'compaction.default_uri' (from SEEDANCE__COMPACTION__DEFAULT_URI)"),
+    ("env-key", "'telemetry.pricing.device_hour_prices' (from SEEDANCE__TELEMETRY__PRICING__DEVICE_HOUR_PRICES)"),
+])
+def test_a_nul_byte_in_a_setting_is_a_config_error_naming_the_key_not_a_bug(tmp_path, how, key):
+    # YAML's "\0" / "\u0000" escapes reach the settings as text; every path that carried one failed far
+    # from the setting: "error: unexpected ValueError: embedded null byte ... report it" (exit 70)
+    env = {}
+    if how == "file":
+        config = tmp_path / "seedance.yaml"
+        config.write_text('training:\n  log_dir: "/tmp/run\\u0000s"\n')
+        env["SEEDANCE_CONFIG"] = str(config)
+    elif how == "env":
+        env["SEEDANCE__COMPACTION__DEFAULT_URI"] = '"/lake\\0"'
+    else:
+        env["SEEDANCE__TELEMETRY__PRICING__DEVICE_HOUR_PRICES"] = '{"h100\\0": 2}'
+    done = seedance("train", "launch", "--steps", "1", env=env)
+    assert done.returncode == 2, done.stderr
+    lines = error_lines(done.stderr)
+    assert len(lines) == 1 and key in lines[0] and "holds a NUL byte" in lines[0], done.stderr
+    assert "hint:" in done.stderr and "Traceback" not in done.stderr

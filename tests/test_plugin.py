@@ -97,3 +97,36 @@ def test_the_report_route_serves_only_configured_months(api_client, auth, tmp_pa
     assert "cost/report?root=0&amp;month=2024-09" in cost
     for query in ("root=0&month=../../etc", "root=1&month=2024-09", "root=0&month=2031-01", "root=-1&month=2024-09"):
         assert api_client.get(f"/seedance/cost/report?{query}", headers=auth).status_code in (404, 422), query
+
+
+def test_a_report_or_summary_behind_a_symlink_is_never_read(api_client, auth, tmp_path, monkeypatch):
+    """Whoever can write the output root must not make the server show another file it can read."""
+    chargeback = build_chargeback(tmp_path)
+    secret = tmp_path / "secret.cfg"
+    secret.write_text("sql_alchemy_conn = postgresql://airflow:s3cr3t@db/airflow\n")
+    month = tmp_path / chargeback["out"] / "month=2024-09"
+    (month / "report.html").unlink()
+    (month / "report.html").symlink_to(secret)
+    summary = month / "summary.json"
+    saved = summary.read_text()
+    summary.unlink()
+    summary.symlink_to(secret)
+    monkeypatch.delenv("SEEDANCE_WORKSPACE", raising=False)
+    monkeypatch.setenv("SEEDANCE__COST__OUT_URI", chargeback["out"])
+    page = api_client.get("/seedance/cost/report?root=0&month=2024-09", headers=auth)
+    assert page.status_code == 404 and "s3cr3t" not in page.text and "symlink" in page.text
+    cost = api_client.get("/seedance/cost", headers=auth)
+    assert cost.status_code == 200 and "s3cr3t" not in cost.text
+    assert "month=2024-09/summary.json: not shown" in cost.text and "is a symlink: not followed" in cost.text
+    # a linked month folder is refused the same way; an oversized summary is not read whole
+    summary.unlink()
+    summary.write_text(saved)
+    moved = tmp_path / "elsewhere"
+    month.rename(moved)
+    month.symlink_to(moved)
+    assert api_client.get("/seedance/cost/report?root=0&month=2024-09", headers=auth).status_code == 404
+    month.unlink()
+    moved.rename(month)
+    with summary.open("a") as handle:
+        handle.truncate(17 * 1024**2)  # sparse: 17 MiB of NULs after the JSON
+    assert "is larger than 16 MiB" in api_client.get("/seedance/cost", headers=auth).text

@@ -7,11 +7,14 @@ Decimal strings the pipeline wrote; nothing is re-allocated here.
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
+
+from seedance_tasks.dashboard.reading import MAX_SUMMARY_BYTES, read_root_file
 
 MONTH_DIR = re.compile(r"month=(\d{4}-(?:0[1-9]|1[0-2]))")  # a real month: month=2024-13 is no month
 WINDOW = 12
@@ -112,7 +115,8 @@ def cost_view(uri: str, now: datetime | None = None) -> CostView:
     for month in window:
         if month in closed:
             try:
-                summaries[month] = check_summary(storage.read_json(root.fs, root.join(f"month={month}", "summary.json")))
+                raw = read_root_file(root, f"month={month}/summary.json", MAX_SUMMARY_BYTES)
+                summaries[month] = check_summary(json.loads(raw))
             except (OSError, ValueError) as exc:
                 errors.append(f"error: {root.uri_of(root.join(f'month={month}', 'summary.json'))}: not shown, "
                               f"unreadable or not a month summary ({str(exc)[:300]}) hint: publish the month again "

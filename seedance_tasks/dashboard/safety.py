@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime
 from typing import Any
 
 from seedance_tasks import storage
+from seedance_tasks.dashboard.reading import read_root_file
+
+MAX_REASON_BYTES = 1024**2  # a quarantine reason is a few hundred bytes
 
 
 def root_status(uri: str, now: datetime | None = None) -> dict[str, Any]:
@@ -20,7 +24,7 @@ def root_status(uri: str, now: datetime | None = None) -> dict[str, Any]:
                 unexplained += 1
             continue
         try:
-            reason = storage.read_json(root.fs, info.path)
+            reason = json.loads(read_root_file(root, root.relative(info.path), MAX_REASON_BYTES))
         except (OSError, ValueError) as exc:
             reason = {"file": root.relative(info.path), "reason": f"unreadable reason file: {exc}"}
         if not isinstance(reason, dict):

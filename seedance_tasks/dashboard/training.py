@@ -56,14 +56,22 @@ def _local_folder(uri: str) -> Path:
 
 
 def run_folders(uri: str) -> list[Path]:
-    """The run folders under a training log root: itself if it has `telemetry/`, else each child that has."""
+    """The run folders under a training log root: itself if it has `telemetry/`, else each child that has.
+    A run folder or `telemetry/` folder that is a symlink is not followed (`training_runs` names it)."""
+    return _scan(uri)[0]
+
+
+def _scan(uri: str) -> tuple[list[Path], list[Path]]:
+    """(run folders, would-be run folders that are or hold a symlink) under a training log root."""
     root = _local_folder(uri)
     if not root.is_dir():
         raise InputError(f"training log folder {uri} does not exist",
                          hint="check training.log_dir (or the DAG's log_dir); it is made by the first run")
-    if (root / TELEMETRY).is_dir():
-        return [root]
-    return sorted(child for child in root.iterdir() if child.is_dir() and (child / TELEMETRY).is_dir())
+    if (root / TELEMETRY).is_dir() and not (root / TELEMETRY).is_symlink():
+        return [root], []
+    found = [child for child in root.iterdir() if child.is_dir() and (child / TELEMETRY).is_dir()]
+    linked = [child for child in found if child.is_symlink() or (child / TELEMETRY).is_symlink()]
+    return sorted(child for child in found if child not in linked), sorted(linked)
 
 
 def _label_values(table, key: str) -> set[str]:
@@ -84,9 +92,12 @@ def _cost_by_step(table) -> list[tuple[int, Decimal]]:
     last: dict[tuple[str, str], float] = {}
     reached, points = 0, []
     for row in rows:
-        labels = dict(row["labels"])
+        labels = dict(row["labels"] or [])
+        step = labels.get("step", "0")
+        if not (step.isascii() and step.isdigit()):
+            raise ValueError(f"a seedance_cost_usd_total sample has the step label {step[:40]!r}, not a step number")
         last[(labels.get("rank", ""), labels.get("attempt", ""))] = row["value"]
-        reached = max(reached, int(labels.get("step", "0")))
+        reached = max(reached, int(step))
         total = sum((Decimal(repr(value)) for value in last.values()), Decimal(0))
         if points and points[-1][0] == reached:
             points[-1] = (reached, total)
@@ -99,7 +110,12 @@ def _cost_by_step(table) -> list[tuple[int, Decimal]]:
 
 
 def read_run(folder: str | Path) -> TrainingRun:
-    """The figures of one run folder, from its telemetry samples (zeros when it has none yet)."""
+    """The figures of one run folder, from its telemetry samples (zeros when it has none yet).
+
+    Sample files are untrusted: one that is not Parquet, has another schema, or holds a value the
+    figures cannot use (a step label that is no number, a timestamp past year 9999) is an
+    InputError naming the run's telemetry folder, never another exception."""
+    import pyarrow as pa
     import pyarrow.compute as pc
 
     from seedance_tasks.telemetry.samples import read_samples, summarise
@@ -109,25 +125,30 @@ def read_run(folder: str | Path) -> TrainingRun:
     try:
         summary = summarise(telemetry)
         table = read_samples(telemetry)
-    except (OSError, ValueError) as exc:  # a corrupt or foreign Parquet file among the samples
+        names, ranks, attempts = (_label_values(table, key) for key in ("run", "rank", "attempt"))
+        sources = _label_values(table.filter(pc.equal(table["name"], "seedance_utilisation_ratio")), "source")
+        devices = sorted({"GPU" if source in GPU_SOURCES else "CPU" for source in sources})
+        last = pc.max(table["timestamp"]).as_py() if table.num_rows else None
+        return TrainingRun(
+            name=", ".join(sorted(names)) or folder.name, folder=str(folder), steps=summary["steps"],
+            cost=summary["cost_usd"], currency=summary["currency"], per_1000_steps=summary["usd_per_1000_steps"],
+            energy_kwh=Decimal(str(summary["energy_kwh"])), energy_sources=summary["energy_sources"],
+            utilisation=summary["utilisation"], devices=devices, ranks=len(ranks), attempts=len(attempts),
+            last_sample=last.astimezone(UTC) if last else None, cost_by_step=_cost_by_step(table))
+    # a corrupt or foreign Parquet file among the samples (ArrowNotImplementedError: a column of
+    # another type that cannot be cast), or a value out of range (OverflowError: a timestamp)
+    except (OSError, ValueError, ArithmeticError, pa.ArrowException) as exc:
         raise InputError(f"{telemetry}: telemetry samples unreadable ({exc})",
                          hint="move the bad samples-*.parquet file aside; the others are read again") from exc
-    names, ranks, attempts = (_label_values(table, key) for key in ("run", "rank", "attempt"))
-    sources = _label_values(table.filter(pc.equal(table["name"], "seedance_utilisation_ratio")), "source")
-    devices = sorted({"GPU" if source in GPU_SOURCES else "CPU" for source in sources})
-    last = pc.max(table["timestamp"]).as_py() if table.num_rows else None
-    return TrainingRun(
-        name=", ".join(sorted(names)) or folder.name, folder=str(folder), steps=summary["steps"],
-        cost=summary["cost_usd"], currency=summary["currency"], per_1000_steps=summary["usd_per_1000_steps"],
-        energy_kwh=Decimal(str(summary["energy_kwh"])), energy_sources=summary["energy_sources"],
-        utilisation=summary["utilisation"], devices=devices, ranks=len(ranks), attempts=len(attempts),
-        last_sample=last.astimezone(UTC) if last else None, cost_by_step=_cost_by_step(table))
 
 
 def training_runs(uri: str) -> tuple[list[TrainingRun], list[str]]:
     """Every run under a training log root (newest sample first) and an `error:` line per unreadable run."""
-    runs, errors = [], []
-    for folder in run_folders(uri):
+    folders, linked = _scan(uri)
+    runs, errors = [], [f"error: {folder}: a symlink (or one holding a symlinked telemetry/ folder): not followed, "
+                        "it may lead out of the training log folder hint: move the run folder itself there"
+                        for folder in linked]
+    for folder in folders:
         try:
             runs.append(read_run(folder))
         except InputError as exc:

@@ -358,7 +358,12 @@ class StepRecorder:
 
     def start(self) -> int | None:
         """Start this rank's exporter (telemetry.port + rank, or an ephemeral port for 0) and write
-        `targets-r<rank>.json` (Prometheus file_sd format) to the folder. Returns the port (None: off)."""
+        `targets-r<rank>.json` (Prometheus file_sd format) to the folder. Returns the port (None: off).
+
+        The exporter never stops training: where that port is taken (another job on the node with
+        the same telemetry.port) or past 65535, it listens on an ephemeral port, which the targets
+        file names; where it cannot listen at all (telemetry.bind not an address of this machine),
+        it stays off. Either is logged as a warning; the samples are written as ever."""
         from prometheus_client import CollectorRegistry, start_http_server
 
         port = self.settings.port
@@ -366,7 +371,20 @@ class StepRecorder:
             return None
         registry = CollectorRegistry(auto_describe=False)
         registry.register(self)
-        server, _thread = start_http_server(port + self.rank if port else 0, addr=self.settings.bind, registry=registry)
+        wanted = port + self.rank if port else 0
+        server = None
+        for candidate in dict.fromkeys((wanted, 0)):
+            try:
+                server, _thread = start_http_server(candidate, addr=self.settings.bind, registry=registry)
+                break
+            except (OSError, OverflowError) as exc:
+                log.warning("telemetry: the exporter cannot listen on %s:%s (%s)%s", self.settings.bind, candidate,
+                            exc, "; trying an ephemeral port" if candidate else "; it stays off, training goes on")
+        if server is None:
+            return None
+        if server.server_port != wanted and wanted:
+            log.warning("telemetry: rank %s's exporter listens on port %s, not %s (named in targets-r%04d.json)",
+                        self.rank, server.server_port, wanted, self.rank)
         self._server, self.port = server, server.server_port
         host = self.settings.bind if self.settings.bind not in ("0.0.0.0", "::") else os.uname().nodename
         self.folder.mkdir(parents=True, exist_ok=True)

@@ -53,7 +53,8 @@ def read_sample_files(folder: str | Path, *, skip_damaged: bool = True) -> tuple
     """Every sample file under `folder` (the `telemetry/` folder of a run) as one Arrow table
     (hidden, half-written files skipped; an empty table with the schema when there are none),
     and the names of the files that could not be read as samples (empty or cut short after a
-    crash, another schema): those are left in place, untouched, and their samples not counted.
+    crash, another schema, a link or anything but a plain file): those are left in place,
+    untouched, and their samples not counted.
     With `skip_damaged=False` such a file raises instead (ArrowInvalid, a ValueError, or OSError)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -62,6 +63,8 @@ def read_sample_files(folder: str | Path, *, skip_damaged: bool = True) -> tuple
     tables, damaged = [], []
     for path in files:
         try:
+            if path.is_symlink() or not path.is_file():  # the recorder writes plain files only
+                raise OSError(f"{path} is not a plain file (a link, a folder or a device): not read as samples")
             tables.append(pq.read_table(path, schema=_schema()))
         except (pa.ArrowException, OSError):
             if not skip_damaged:

@@ -10,6 +10,9 @@ from pydantic import Field, field_validator
 from seedance_tasks.settings_base import StrictModel
 from seedance_tasks.units import Duration
 
+MAX_HOURLY_PRICE = Decimal(1_000_000)
+"""The largest price per device- or instance-hour accepted (a whole 72-GPU rack rents for a few hundred)."""
+
 
 class PricingSettings(StrictModel):
     """The price table a step's cost comes from (USD; Decimal, exact)."""
@@ -19,7 +22,8 @@ class PricingSettings(StrictModel):
         description="device_hours: step seconds x devices x price per device-hour x PUE; instance_hours: "
         "step seconds x the instance's hourly price / the ranks sharing the instance",
     )
-    pue: Decimal = Field(Decimal("1.0"), ge=1, description="power usage effectiveness applied to device-hour costs")
+    pue: Decimal = Field(Decimal("1.0"), ge=1, le=100,
+                         description="power usage effectiveness applied to device-hour costs (1.0 to about 3)")
     device: str = Field(
         "auto", description="key of device_hour_prices; auto = the GPU's NVML name (first key it contains), or cpu"
     )
@@ -36,6 +40,8 @@ class PricingSettings(StrictModel):
         for key, price in prices.items():
             if price < 0:
                 raise ValueError(f"price of {key!r} is negative ({price})")
+            if price > MAX_HOURLY_PRICE:  # `1e999999` is a valid Decimal: every cost would be infinite
+                raise ValueError(f"price of {key!r} is {price}, above {MAX_HOURLY_PRICE:,} USD an hour: a typo")
         return prices
 
 

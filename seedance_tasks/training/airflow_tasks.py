@@ -10,22 +10,17 @@ from pathlib import Path
 from typing import Any
 
 from seedance_tasks.dag_support import fail_fast
-from seedance_tasks.errors import UsageError
 
 log = logging.getLogger("seedance.training")
 
 
 def _topology(value: str | None):
-    from seedance_tasks.training import topology
+    """The `topology` param: a saved `nvidia-smi topo -m` on the worker, `detect`, or empty (none)."""
+    from seedance_tasks.training.topology import load_topology
 
-    if not value:
+    if value is None or value == "":
         return None
-    if value == "detect":
-        return topology.detect()
-    path = Path(value)
-    if not path.is_file():
-        raise UsageError(f"topology file not found: {value}", hint="a saved `nvidia-smi topo -m`, or `detect`")
-    return topology.parse_topology(topology.read_topology_file(path), str(path))
+    return load_topology(None if value == "detect" else value, detect_here=value == "detect")
 
 
 def _run_name(params: dict, run_id: str | None) -> str | None:
@@ -53,7 +48,8 @@ def plan_task(params: dict, run_id: str | None = None) -> dict:
     plan = make_plan(
         _topology(params.get("topology")),
         nodes=nnodes,
-        nproc_per_node=int(params.get("nproc_per_node") or cfg.nproc_per_node),
+        # 0 is a choice (one process per GPU), not "from config": only an empty field takes the setting
+        nproc_per_node=int(cfg.nproc_per_node if params.get("nproc_per_node") is None else params["nproc_per_node"]),
         profile=params.get("profile") or cfg.profile,
         overrides=params.get("overrides") or {},
         backend=params.get("backend") or cfg.backend,
@@ -97,7 +93,7 @@ def launch_task(planned: dict, params: dict) -> dict:
 
     result = launch(
         topology=_topology(params.get("topology")),
-        nproc_per_node=int(params.get("nproc_per_node") or 0) or planned["nproc_per_node"],
+        nproc_per_node=planned["nproc_per_node"],  # as planned (0 resolved to the GPU count there)
         nnodes=planned["nnodes"],
         rdzv_endpoint=params.get("rdzv_endpoint") or None,
         backend=planned["backend"],

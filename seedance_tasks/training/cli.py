@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import math
 import shlex
 
 import typer
 
 from seedance_tasks.cli_support import JSON_OPTION, console, emit, err_console, escape, handle_errors, table
+from seedance_tasks.errors import UsageError
 
 app = typer.Typer(help="Training launch: plan NCCL settings, launch torchrun, read job health.", no_args_is_help=True)
 
@@ -24,27 +26,19 @@ NIC_TRANSPORT_OPTION = typer.Option(
 RESTARTS_OPTION = typer.Option(None, "--max-restarts", min=0, help="torchrun restarts of the worker group; each resumes")
 
 
+def _not_blank(**options: str | None) -> None:
+    """UsageError for an option given as an empty or blank string: left to the library it would
+    quietly mean "not given" (synthetic data, the configured store, a temp log folder, auto)."""
+    for name, value in options.items():
+        if value is not None and not value.strip():
+            flag = "--" + name.replace("_", "-")
+            raise UsageError(f"{flag} is empty", hint=f"give {flag} a value, or leave it out for its default")
+
+
 def _topology(topology: str | None, detect: bool, machine: int):
-    from seedance_tasks.errors import UsageError
-    from seedance_tasks.training import topology as topo
+    from seedance_tasks.training.topology import load_topology
 
-    if topology and detect:
-        raise UsageError("give --topology FILE or --detect, not both")
-    if detect:
-        return topo.detect()
-    if topology:
-        from pathlib import Path
-
-        path = Path(topology)
-        if not path.is_file():
-            what = "is a directory, not a topology file" if path.is_dir() else "not found"
-            raise UsageError(f"topology file {topology}: {what}", hint=TOPOLOGY_HINT)
-        return topo.parse_topology(topo.read_topology_file(path), str(path), machine)
-    return None
-
-
-TOPOLOGY_HINT = ("save a machine's matrix with `nvidia-smi topo -m > topo.txt` and pass that file, or run on "
-                 "the GPU machine with --detect")
+    return load_topology(topology, detect_here=detect, machine=machine)
 
 
 def _render_plan(plan: dict) -> None:
@@ -92,6 +86,8 @@ def plan_command(
 ) -> None:
     """Derive the NCCL/PyTorch environment, per-rank NIC and CPU binding, and the torchrun command."""
     from seedance_tasks.config import load_settings
+
+    _not_blank(profile=profile, nic_transport=nic_transport, rdzv_endpoint=rdzv_endpoint)
     from seedance_tasks.training import envvars
     from seedance_tasks.training.plan import make_plan
 
@@ -135,6 +131,9 @@ def launch_command(
 ) -> None:
     """Run the reference trainer under torchrun with the planned environment; stream its logs."""
     from seedance_tasks.training import envvars
+
+    _not_blank(rdzv_endpoint=rdzv_endpoint, backend=backend, checkpoint_store=checkpoint_store, run=run, data=data,
+               profile=profile, nic_transport=nic_transport, log_dir=log_dir)
     from seedance_tasks.training.launch import launch
 
     printer = err_console if as_json else console
@@ -178,7 +177,6 @@ def health_command(
     """Timeouts, channels, transports, algorithms, bandwidth, and a verdict with cause and fix."""
     from pathlib import Path
 
-    from seedance_tasks.errors import UsageError
     from seedance_tasks.training import health
     from seedance_tasks.training.plan import load_profiles
 
@@ -186,6 +184,9 @@ def health_command(
     if not path.is_file():
         what = "is a directory, not a log file" if path.is_dir() else "not found"
         raise UsageError(f"log {log}: {what}", hint="pass one job's log file (NCCL_DEBUG=INFO output or nccl-tests)")
+    if expected_busbw is not None and not math.isfinite(expected_busbw):
+        raise UsageError(f"--expected-busbw {expected_busbw}: not a bandwidth",
+                         hint="give the expected bus bandwidth in GB/s, e.g. --expected-busbw 360")
     if link and not profile:
         raise UsageError("--link picks one of a profile's expected bandwidths: it needs --profile NAME",
                          hint="add --profile NAME, or give the figure itself with --expected-busbw GBPS")
@@ -232,21 +233,25 @@ def schedule_command(
     world_size: int = typer.Option(2, "--world-size", min=1, help="ranks in the job"),
     as_json: bool = JSON_OPTION,
 ) -> None:
-    """The batch-size schedule step by step: target batch, accumulation, realised batch, LR."""
+    """The batch-size schedule over the run, one row per stretch of steps that do the same thing:
+    target batch, accumulation, realised batch, LR (a run of any length prints in an instant)."""
     from seedance_tasks.config import load_settings
     from seedance_tasks.training import schedule
 
     cfg = load_settings().training
     run = schedule.RunSchedule.from_settings(cfg.schedule, steps or cfg.steps)
-    rows = schedule.table(run, world_size)
+    rows = schedule.segments(run, world_size)
     warnings = [text for text in (schedule.oversize_warning(run, world_size, rows), schedule.overlap_warning(run))
                 if text]
 
+    def span(first: int, last: int) -> str:
+        return f"{first:,}" if first == last else f"{first:,}-{last:,}"
+
     def render(res: dict) -> None:
-        console.print(table(f"batch schedule, world size {world_size}", ["step", "target", "accum", "global batch", "lr"],
-                            [[r["step"], r["target_batch"], r["accumulation"], r["global_batch"], f"{r['lr']:.4g}"]
-                             for r in res["steps"]]))
+        console.print(table(f"batch schedule, world size {world_size}", ["steps", "target", "accum", "global batch", "lr"],
+                            [[span(r["first_step"], r["last_step"]), span(r["min_target_batch"], r["max_target_batch"]),
+                              r["accumulation"], r["global_batch"], f"{r['lr']:.4g}"] for r in res["segments"]]))
         for text in res["warnings"]:
             console.print(f"[yellow]warning:[/] {escape(text)}")
 
-    emit({"schedule": run.to_dict(), "world_size": world_size, "steps": rows, "warnings": warnings}, as_json, render)
+    emit({"schedule": run.to_dict(), "world_size": world_size, "segments": rows, "warnings": warnings}, as_json, render)

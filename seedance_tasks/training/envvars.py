@@ -14,6 +14,7 @@ NCCL source (`NCCL_PARAM(...)` declarations); PyTorch 2.13's
 from __future__ import annotations
 
 import difflib
+import math
 import re
 from dataclasses import dataclass
 
@@ -192,10 +193,16 @@ def _as_value(name: str, value: object) -> tuple[str | None, str | None]:
     """(the value as the environment holds it, None) or (None, the problem): a boolean is 1 or 0 (as
     NCCL and PyTorch parse flags: `True` would read as 0), a number as written; a list, a mapping or
     a string with a control character (a NUL cannot be in an environment; a newline splits it) is
-    refused."""
+    refused, and so is a number that is not finite."""
     if isinstance(value, bool):
         return ("1" if value else "0"), None
-    if isinstance(value, int | float):
+    if isinstance(value, float):
+        if not math.isfinite(value):  # `inf`/`nan` would reach NCCL, whose strtoll reads them as 0
+            return None, f"{name}={value!r}: not a finite number"
+        if value.is_integer():  # 4.0 from a JSON form is 4; 1e20 is all its digits, not `1e+20` (read as 1)
+            return str(int(value)), None
+        return repr(value), None
+    if isinstance(value, int):
         return str(value), None
     if not isinstance(value, str):
         return None, f"{name}: a {type(value).__name__} is not a value (give a string or a number)"

@@ -1,5 +1,7 @@
-"""Job health from logs: NCCL `NCCL_DEBUG=INFO` output, PyTorch watchdog/desync messages and
-nccl-tests `all_reduce_perf` tables, summarised with a verdict (likely cause and fix).
+"""Job health from logs: NCCL `NCCL_DEBUG=INFO` output, PyTorch watchdog/desync messages (and a
+watchdog that got stuck itself), nccl-tests `all_reduce_perf` tables and their error checks, and
+the line `seedance train launch` writes when it kills a hung job, summarised with a verdict
+(likely cause and fix).
 
 Every parser takes plain text and tolerates the usual prefixes (`host:pid:tid [dev] NCCL INFO`,
 `[rank1]:[E626 ...]`, torchrun's `[default0]:`, `mpirun --tag-output`'s `[1,0]<stdout>:`, Slurm
@@ -14,7 +16,7 @@ from collections import Counter
 from typing import Any
 
 from seedance_tasks.errors import UsageError
-from seedance_tasks.training.launch import parse_failures
+from seedance_tasks.training.launch import HUNG_RE, describe_exit, parse_failures
 from seedance_tasks.training.plan import Profile
 
 # PyTorch's wording over the years: `[Rank 1] ` (or `[PG ID 0 PG GUID 0(default_pg) Rank 1] `, or no
@@ -34,7 +36,7 @@ _DESYNC_HEAD_RE = re.compile(r"\[(?P<rank>\d+)\] Timeout at collective: (?P<op>\
 _DESYNC_RANK_RE = re.compile(
     r"\[(?P<rank>\d+)\] finished collective #(?P<done>\d+), but didn't join collective #(?P<missing>\d+)"
 )
-_CHANNEL_SUMMARY_RE = re.compile(r"NCCL INFO ((?:\d+ [A-Za-z0-9 ]+? channels(?: per peer)?,? ?)+)\s*$")
+# one item of NCCL's channel summary, `NCCL INFO 24 coll channels, 24 collnet channels, 32 p2p channels per peer`
 _CHANNEL_ITEM_RE = re.compile(r"(\d+) ([A-Za-z0-9 ]+?) channels( per peer)?")
 _RING_HEADER_RE = re.compile(r"NCCL INFO Channel (\d+)/(\d+) :\s+\d")
 _VIA_RE = re.compile(
@@ -53,11 +55,6 @@ _NCCL_RE = re.compile(r"NCCL (INFO|WARN)")
 # a timing or bandwidth cell: a number, or the nan/inf printf gives for a zero or failed timing
 # (read, so that the row is reported rather than dropped)
 _PERF_NUMBER = r"(?:\d+(?:\.\d*)?|[-+]?(?i:nan|inf))"
-_PERF_ROW_RE = re.compile(  # out-of-place columns, then in-place ones where the table has them
-    r"^\s*(?P<size>\d+)\s+(?P<count>\d+)\s+(?P<type>\w+)\s+(?P<redop>\w+)\s+(?P<root>-?\d+)\s+"
-    rf"(?P<t1>{_PERF_NUMBER})\s+(?P<a1>{_PERF_NUMBER})\s+(?P<b1>{_PERF_NUMBER})\s+(?P<w1>\S+)"
-    rf"(?:\s+(?P<t2>{_PERF_NUMBER})\s+(?P<a2>{_PERF_NUMBER})\s+(?P<b2>{_PERF_NUMBER})\s+(?P<w2>\S+))?\s*$"
-)
 _PERF_RANK_RE = re.compile(r"^#\s+Rank\s+(\d+)\s+Group")
 _AVG_BUSBW_RE = re.compile(r"#\s*Avg bus bandwidth\s*:\s*([\d.]+)")
 _OUT_OF_BOUNDS_RE = re.compile(r"#\s*Out of bounds values\s*:\s*(\d+)")
@@ -143,6 +140,15 @@ _NCCL_ERROR_TEXT = {"unhandled system error": "ncclSystemError", "unhandled cuda
                     "remote process exited or there was a network error": "ncclRemoteError",
                     "internal error": "ncclInternalError", "invalid usage": "ncclInvalidUsage",
                     "invalid argument": "ncclInvalidArgument"}
+# nccl-tests' own checks (common.h): `host: Test NCCL failure common.cu:1005 'unhandled cuda error (...) / last
+# error'`, `host: Test CUDA failure common.cu:733 'out of memory'`, then ` .. host pid 123: Test failure
+# common.cu:891` for each caller it returns through
+_TEST_FAILURE_RE = re.compile(
+    r"Test (?:(?P<call>NCCL|CUDA) )?failure (?P<at>[\w./-]+:\d+)(?: '(?P<what>[^']*)'?)?")
+# PyTorch's NCCL watchdog itself stuck (2.2+): `[PG ID 0 PG GUID 0(default_pg) Rank 0] ProcessGroupNCCL's
+# watchdog got stuck for 480 seconds without making progress ...`, then `... Heartbeat monitor timed out!`
+_STUCK_RE = re.compile(r"(?:Rank (?P<rank>\d+)\] )?ProcessGroupNCCL's watchdog got stuck for (?P<seconds>\d+) seconds")
+_HEARTBEAT_RE = re.compile(r"(?:Rank (?P<rank>\d+)\] )?Heartbeat monitor timed out")
 _CUDA_DETAIL_RE = re.compile(r"Cuda failure (?:\d+ )?'?(?P<what>[^']+)'?")
 
 
@@ -184,12 +190,32 @@ def expected_busbw_of(profile: Profile, link: str | None) -> float | None:
     return figures[link]
 
 
+_NIC_INDEX_RE = re.compile(r"\d+(?:\(\d+\))?")  # `0`, or `0(8)` where PXN proxies through rank 8
+
+
 def _transport(via: str) -> str:
-    """`NET/IB/0/GDRDMA` -> `NET/IB/GDRDMA`, `P2P/direct pointer/read` -> `P2P/direct pointer/read`."""
+    """`NET/IB/0/GDRDMA` and `NET/IB/1(8)/GDRDMA` (PXN) -> `NET/IB/GDRDMA`, `P2P/direct pointer/read` as it is."""
     parts = via.split("/")
     if parts[0] == "NET":
-        return "/".join(part for part in parts if not part.isdigit())
+        return "/".join(part for part in parts if not _NIC_INDEX_RE.fullmatch(part))
     return via
+
+
+def _channel_summary(line: str) -> list[tuple[str, str, str]] | None:
+    """The (count, kind, ` per peer`) items of NCCL's channel summary line; None for any other line.
+    Each comma-separated item is matched on its own: one pattern over the whole line backtracks
+    exponentially on a long line that almost is a summary (a log line can be anything)."""
+    _, found, tail = line.partition("NCCL INFO ")
+    if not found or "channels" not in tail:
+        return None
+    items = []
+    for part in tail.split(","):
+        if part.strip():
+            match = _CHANNEL_ITEM_RE.fullmatch(part.strip())
+            if match is None:
+                return None
+            items.append(match.groups(""))
+    return items or None
 
 
 def _int_or_none(text: str | None) -> int | None:
@@ -197,7 +223,8 @@ def _int_or_none(text: str | None) -> int | None:
 
 
 def parse_nccl_log(text: str) -> dict[str, Any]:
-    """Timeouts, desync report, channel counts, transports, algorithms and init status from a log."""
+    """Timeouts, desync report, channel counts, transports, algorithms, init status, nccl-tests'
+    own failures (`test_failures`) and hangs (`hangs`: launch's kill, PyTorch's stuck watchdog) from a log."""
     timeouts: list[dict[str, Any]] = []
     work: list[dict[str, int]] = []
     desync: list[dict[str, int]] = []
@@ -213,6 +240,8 @@ def parse_nccl_log(text: str) -> dict[str, Any]:
     init_complete = 0
     forced: dict[str, str] = {}
     nccl_lines = 0
+    test_failures: list[dict[str, Any]] = []
+    hangs: list[dict[str, Any]] = []
     lines = _lines(text)
     for raw, line in zip(text.splitlines(), lines, strict=True):
         if _NCCL_RE.search(line):
@@ -235,8 +264,8 @@ def parse_nccl_log(text: str) -> dict[str, Any]:
         if match := _DESYNC_RANK_RE.search(line):
             desync.append({"rank": int(match["rank"]), "finished": int(match["done"]), "missing": int(match["missing"])})
             continue
-        if match := _CHANNEL_SUMMARY_RE.search(line):
-            for count, kind, per_peer in _CHANNEL_ITEM_RE.findall(match.group(1)):
+        if items := _channel_summary(line):
+            for count, kind, per_peer in items:
                 key = kind.strip().replace(" ", "_") + ("_per_peer" if per_peer else "")
                 channels[key] = max(channels.get(key, 0), int(count))
             continue
@@ -266,6 +295,19 @@ def parse_nccl_log(text: str) -> dict[str, Any]:
                 nccl_errors.append(code)
         for name, value in _FORCED_RE.findall(line):
             forced[name] = value
+        if match := HUNG_RE.search(line):
+            hangs.append({"kind": "no_output", "rank": None, "seconds": float(match["seconds"])})
+        for kind, pattern in (("watchdog_stuck", _STUCK_RE), ("heartbeat", _HEARTBEAT_RE)):
+            if match := pattern.search(line):
+                rank = int(match["rank"]) if match["rank"] is not None else _prefix_rank(raw)
+                seconds = float(match["seconds"]) if "seconds" in match.groupdict() else None
+                hangs.append({"kind": kind, "rank": rank, "seconds": seconds})
+        if match := _TEST_FAILURE_RE.search(line):
+            what = " ".join((match["what"] or "").split()).strip(" /")
+            test_failures.append({"call": match["call"], "at": match["at"], "error": what or None})
+            code = next((code for text, code in _NCCL_ERROR_TEXT.items() if what.lower().startswith(text)), None)
+            if match["call"] == "NCCL" and code and code not in nccl_errors:
+                nccl_errors.append(code)
     failures = parse_failures(lines)
     if ring_channels and "coll" not in channels:
         channels["coll"] = ring_channels
@@ -284,11 +326,17 @@ def parse_nccl_log(text: str) -> dict[str, Any]:
         "nccl_warnings": warnings,
         "nccl_errors": nccl_errors,
         "failures": failures,
+        "test_failures": test_failures,
+        "hangs": hangs,
     }
 
 
 def _perf_columns(line: str) -> list[str]:
     return line.lstrip("#").split()
+
+
+# today's nccl-tests header: rows of a log that does not show its header are read by these names
+_TODAY_COLUMNS = _perf_columns("#  size  count  type  redop  root  time  algbw  busbw #wrong  time  algbw  busbw #wrong")
 
 
 def _perf_row_by_header(columns: list[str], line: str) -> dict[str, Any] | None:
@@ -320,24 +368,6 @@ def _perf_row_by_header(columns: list[str], line: str) -> dict[str, Any] | None:
     return row
 
 
-def _perf_row(line: str) -> dict[str, Any] | None:
-    """A data row of today's column layout, for rows shown without their header."""
-    match = _PERF_ROW_RE.match(line)
-    if not match:
-        return None
-    groups = match.groupdict()
-    row: dict[str, Any] = {
-        "size": int(groups["size"]), "count": int(groups["count"]), "type": groups["type"],
-        "redop": groups["redop"], "root": int(groups["root"]),
-        "out_of_place": {"time_us": float(groups["t1"]), "algbw": float(groups["a1"]),
-                         "busbw": float(groups["b1"]), "wrong": groups["w1"]},
-    }
-    if groups.get("t2") is not None:
-        row["in_place"] = {"time_us": float(groups["t2"]), "algbw": float(groups["a2"]),
-                           "busbw": float(groups["b2"]), "wrong": groups["w2"]}
-    return row
-
-
 def parse_nccl_tests(text: str) -> dict[str, Any]:
     """Rows of an nccl-tests table (`all_reduce_perf` and friends): size, count, and per out-of-place
     / in-place time (us), algbw and busbw (GB/s), #wrong; plus ranks, forced algorithm, average and
@@ -363,7 +393,8 @@ def parse_nccl_tests(text: str) -> dict[str, Any]:
         if _PERF_HEADER_RE.match(line.strip()):
             columns = _perf_columns(line)
             continue
-        row = (_perf_row_by_header(columns, line) if columns else None) or _perf_row(line)
+        row = ((_perf_row_by_header(columns, line) if columns else None)
+               or _perf_row_by_header(_TODAY_COLUMNS, line))
         if row is None:
             continue
         bad = {f"{part} {key}": row[part][key] for part in ("out_of_place", "in_place") if part in row
@@ -405,14 +436,45 @@ def _verdict(log: dict[str, Any], perf: dict[str, Any], expected_busbw: float | 
     for failure in log["failures"][:1]:
         where = f"rank {failure['rank']} (local rank {failure['local_rank']}" + (
             f" on {failure['host']})" if failure.get("host") else ")")
-        how = failure.get("signal") or f"exit code {failure.get('exitcode')}"
+        how = describe_exit(failure.get("exitcode"))
         detail = (failure.get("error") or "").strip().splitlines()
         if failure.get("signal") == "SIGKILL":
             fix = ("the process was killed from outside: check the kernel's OOM killer (dmesg, cgroup memory "
                    "limits), preemption by the scheduler, or an operator; a restart resumes from the checkpoint")
+        elif failure.get("signal") in ("SIGSEGV", "SIGBUS", "SIGABRT", "SIGILL", "SIGFPE"):
+            fix = (f"{failure['signal']} is a crash in native code (CUDA, NCCL, a C extension), which leaves no "
+                   "Python traceback: check dmesg and nvidia-smi for Xid errors, and rerun that rank with "
+                   "PYTHONFAULTHANDLER=1 to get the stack")
+        elif failure.get("signal") in ("SIGTERM", "SIGINT", "SIGHUP"):
+            fix = (f"{failure['signal']} stopped the process from outside (the scheduler, a preemption or an "
+                   "operator), not a bug of the job; a restart resumes from the checkpoint")
         else:
             fix = f"read rank {failure['rank']}'s traceback in the log; the other ranks only lost their peer"
         add("failed", f"{where} failed: {how}" + (f": {detail[-1].strip()}" if detail else ""), fix)
+    failed_test = next((item for item in log["test_failures"] if item["call"]), None) or next(
+        iter(log["test_failures"]), None)
+    if failed_test:
+        call = f"a {failed_test['call']} call" if failed_test["call"] else "the test"
+        said = f": {failed_test['error']!r}" if failed_test["error"] else ""
+        add("failed", f"nccl-tests failed: {call} at {failed_test['at']} returned an error{said}; the run stopped "
+            "there, so any bandwidth rows before it are not a whole sweep",
+            "read the NCCL WARN lines before it (rerun with NCCL_DEBUG=INFO): they name the call that failed; "
+            "an out-of-memory error: lower -e (the largest size) or run fewer GPUs per process")
+    if log["hangs"]:
+        killed = next((item for item in log["hangs"] if item["kind"] == "no_output"), None)
+        stuck = sorted({item["rank"] for item in log["hangs"] if item["kind"] != "no_output" and item["rank"] is not None})
+        watchdog = [item for item in log["hangs"] if item["kind"] != "no_output"]
+        parts = []
+        if killed:
+            parts.append(f"the job printed nothing for {killed['seconds']:g} s and was killed as hung (training.hang_timeout)")
+        if watchdog:
+            parts.append("PyTorch's NCCL watchdog got stuck (heartbeat monitor timed out)"
+                         + (f" on rank(s) {', '.join(map(str, stuck))}" if stuck else "")
+                         + ": a NCCL or CUDA call never returned")
+        add("failed", "; ".join(parts),
+            "find the rank that stopped first (py-spy dump --pid PID on it, or the flight recorder dump: "
+            "TORCH_NCCL_DUMP_ON_TIMEOUT=1 with TORCH_FR_BUFFER_SIZE) and rerun with NCCL_DEBUG=INFO; a shorter "
+            "training.collective_timeout turns a hang into a timeout that names the collective")
     timeouts = log["timeouts"]
     if log["desync"] and log["desync"]["ranks"]:
         lagging = ", ".join(
@@ -541,6 +603,8 @@ def report(text: str, *, expected_busbw: float | None = None, no_expectation: st
         "nccl_warnings": log["nccl_warnings"],
         "nccl_errors": log["nccl_errors"],
         "failures": log["failures"],
+        "test_failures": log["test_failures"],
+        "hangs": log["hangs"],
         "bandwidth": {
             "rows": [
                 {"size": row["size"], "algbw": row["out_of_place"]["algbw"], "busbw": row["out_of_place"]["busbw"],

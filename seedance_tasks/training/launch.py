@@ -38,6 +38,30 @@ _PEER_LOST_RE = re.compile(
     r"Connection (reset|closed) by peer|remote worker|NCCL communicator was aborted|Broken pipe", re.IGNORECASE
 )
 _RESTART_RE = re.compile(r"will restart worker group|Restarting worker group|restart_count=\d+")
+# what launch writes into the job's log when it kills a job that printed nothing for hang_timeout
+HUNG_MESSAGE = "[seedance] no output for {seconds:g} s: killing the job as hung"
+HUNG_RE = re.compile(r"\[seedance\] no output for (?P<seconds>[\d.e+]+) s: killing the job as hung")
+
+
+def signal_of(exit_code: int | None) -> str | None:
+    """The signal an exit code says killed the process: -N (Python's returncode, torchrun's
+    exitcode) or 128+N (as a shell or a container runtime reports it: 137 is SIGKILL, the OOM
+    killer's); None for any other code."""
+    if exit_code is None or exit_code == 0:
+        return None
+    number = -exit_code if exit_code < 0 else exit_code - 128 if exit_code > 128 else None
+    try:
+        return signal.Signals(number).name if number else None
+    except ValueError:
+        return None
+
+
+def describe_exit(exit_code: int | None) -> str:
+    """`SIGKILL` for -9, `exit code 137 (SIGKILL)` for 137, `exit code 1` for 1."""
+    name = signal_of(exit_code)
+    if name and exit_code is not None and exit_code < 0:
+        return name
+    return f"exit code {exit_code}" + (f" ({name})" if name else "")
 
 
 def parse_failures(lines: list[str]) -> list[dict[str, Any]]:
@@ -61,11 +85,8 @@ def parse_failures(lines: list[str]) -> list[dict[str, Any]]:
             continue
         if match := _EXIT_RE.match(line):
             current["exitcode"] = int(match.group(1))
-            if current["exitcode"] < 0:
-                try:
-                    current["signal"] = signal.Signals(-current["exitcode"]).name
-                except ValueError:
-                    pass
+            if name := signal_of(current["exitcode"]):
+                current["signal"] = name
         elif match := _TRACE_RE.match(line):
             if match.group(1).strip() not in ("", "<N/A>"):
                 current["error"].append(match.group(1).strip())
@@ -82,7 +103,7 @@ def parse_failures(lines: list[str]) -> list[dict[str, Any]]:
     found = list(unique.values())
     for failure in found:  # a rank that only lost its peer is a consequence, not the cause
         failure["secondary"] = bool(failure["error"] and _PEER_LOST_RE.search(failure["error"]))
-    primary = [item for item in found if not item["secondary"] and item.get("exitcode") != -signal.SIGTERM]
+    primary = [item for item in found if not item["secondary"] and item.get("signal") != "SIGTERM"]
     if primary and found[0] not in primary:
         for item in found:
             item["root_cause"] = item is primary[0]
@@ -230,7 +251,7 @@ def run_torchrun(
                         break  # torchrun is gone; whatever still holds the pipe is an orphan
                     if hang_timeout and time.monotonic() - last_output > hang_timeout:
                         hung = True
-                        message = f"[seedance] no output for {hang_timeout:g} s: killing the job as hung"
+                        message = HUNG_MESSAGE.format(seconds=hang_timeout)
                         log.write(message + "\n")
                         if on_line:
                             on_line(message)
@@ -260,12 +281,15 @@ def run_torchrun(
         error = f"no output for {hang_timeout:g} s: the job was killed as hung"
     elif failures:
         first = failures[0]
-        reason = first.get("signal") or f"exit code {first.get('exitcode')}"
+        reason = describe_exit(first.get("exitcode"))
         detail = (first.get("error") or "").strip().splitlines()
         error = f"rank {first['rank']} (local rank {first['local_rank']}) failed: {reason}" + (
             f": {detail[-1].strip()}" if detail else "")
     elif exit_code != 0:
-        error = f"torchrun exited with {exit_code}"
+        killer = signal_of(exit_code)
+        why = ": the OOM killer, the scheduler or an operator; a retry resumes from the last checkpoint"
+        error = f"torchrun exited with {exit_code}" + (
+            f" (killed by {killer}{why if killer == 'SIGKILL' else ''})" if killer else "")
     interrupted = metrics["interrupted"] if exit_code != 0 and not hung else None
     if interrupted:
         error = (f"interrupted ({interrupted['reason']}) after step {interrupted['step']}"

@@ -14,9 +14,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from seedance_tasks.errors import YAML_HINT, ConfigError, UsageError, yaml_problem
+from seedance_tasks.errors import ConfigError, UsageError
 from seedance_tasks.training import envvars
 from seedance_tasks.training.topology import Topology, format_cpu_list, link_rank
 
@@ -87,28 +85,12 @@ PROFILES_FILE_HINT = "training.profiles_file names the NCCL profiles file (null:
 
 
 def _read_profiles(path: str) -> Any:
-    """The YAML value of the profiles file `path`, read with the settings' loader (`config.load_yaml`:
-    a key given twice, an alias bomb or a value YAML cannot build is refused naming its line); any
-    unreadable, oversized, non-UTF-8 or invalid file is a ConfigError naming it, with a hint."""
-    from seedance_tasks.config import MAX_CONFIG_BYTES, load_yaml
+    """The YAML value of the profiles file `path`, read as the settings are (`config.read_yaml_file`:
+    bounded, UTF-8, a key given twice or an alias bomb refused naming its line); ConfigError naming
+    the file, with a hint, for any failure."""
+    from seedance_tasks.config import read_yaml_file
 
-    try:
-        with open(path, "rb") as handle:
-            raw = handle.read(MAX_CONFIG_BYTES + 1)
-        if len(raw) > MAX_CONFIG_BYTES:
-            raise ConfigError(f"NCCL profiles file {path} is larger than {MAX_CONFIG_BYTES // 1024**2} MiB",
-                              hint=PROFILES_FILE_HINT + "; it holds a few KiB of YAML")
-        return load_yaml(raw.decode("utf-8")) or {}
-    except FileNotFoundError:
-        raise ConfigError(f"NCCL profiles file not found: {path}", hint=f"check the path; {PROFILES_FILE_HINT}") from None
-    except OSError as exc:
-        raise ConfigError(f"cannot read NCCL profiles file {path}: {exc.strerror or exc}",
-                          hint=f"check the path and its permissions; {PROFILES_FILE_HINT}") from None
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"NCCL profiles file {path} is not UTF-8 text (byte {exc.start} cannot be decoded)",
-                          hint="save it as UTF-8 YAML; " + PROFILES_HINT) from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"NCCL profiles file {path} is not valid YAML: {yaml_problem(exc)}", hint=YAML_HINT) from None
+    return read_yaml_file(path, "NCCL profiles file", PROFILES_FILE_HINT, PROFILES_HINT) or {}
 
 
 @lru_cache(maxsize=8)

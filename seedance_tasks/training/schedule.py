@@ -124,18 +124,58 @@ def table(schedule, world_size: int, steps: int | None = None) -> list[dict]:
     return [plan_step(step, schedule, world_size).to_dict() for step in range(count)]
 
 
+def _phases(schedule) -> list[tuple[int, int]]:
+    """[first, end) of the warmup, hold and decay phases of the run; `target_batch` is monotonic
+    within each (a linear ramp or a constant, capped and rounded)."""
+    total, warmup, decay = schedule_total(schedule), schedule.warmup_steps, schedule.decay_steps
+    cuts = sorted({0, min(warmup, total), max(min(warmup, total), total - decay) if decay else total, total})
+    return [(first, end) for first, end in zip(cuts, cuts[1:], strict=False) if first < end]
+
+
+def segments(schedule, world_size: int) -> list[dict]:
+    """The whole run as runs of steps that do the same thing: one row per stretch of steps with
+    the same accumulation, global batch and LR (and on the same side of the target batch), with
+    `first_step`, `last_step`, `steps` and the target batch's `min_target_batch`/`max_target_batch`
+    over it. Found by bisection inside each monotonic phase, so a run of a billion steps takes as
+    long as one of ten; ConfigError as `table` (`check_accumulation`)."""
+    check_accumulation(schedule, world_size)
+    floor = schedule.micro_batch * world_size
+
+    def key(step: int) -> tuple:
+        plan = plan_step(step, schedule, world_size)
+        return plan.accumulation, plan.global_batch, plan.lr, floor > plan.target_batch
+
+    rows: list[dict] = []
+    for first, end in _phases(schedule):
+        while first < end:
+            wanted, low, high = key(first), first, end - 1  # the last step of the stretch: in [low, high]
+            while low < high:
+                middle = (low + high + 1) // 2
+                low, high = (middle, high) if key(middle) == wanted else (low, middle - 1)
+            targets = (target_batch(first, schedule), target_batch(low, schedule))
+            plan = plan_step(first, schedule, world_size)
+            rows.append({"first_step": first, "last_step": low, "steps": low - first + 1,
+                         "min_target_batch": min(targets), "max_target_batch": max(targets),
+                         "accumulation": plan.accumulation, "global_batch": plan.global_batch, "lr": plan.lr})
+            first = low + 1
+    return rows
+
+
 def oversize_warning(schedule, world_size: int, rows: list[dict]) -> str | None:
     """A warning where one micro-batch per rank already exceeds the target batch (the accumulation
-    cannot go below 1, so the realised global batch is larger than the schedule asks); else None."""
+    cannot go below 1, so the realised global batch is larger than the schedule asks); else None.
+    `rows` are `table`'s (one per step) or `segments`'."""
     floor = schedule.micro_batch * world_size
-    over = [row for row in rows if floor > row["target_batch"]]
+    least = {id(row): row["target_batch"] if "target_batch" in row else row["min_target_batch"] for row in rows}
+    over = [row for row in rows if floor > least[id(row)]]
     if not over:
         return None
-    worst = max(row["global_batch"] / row["target_batch"] for row in over)
+    worst = max(row["global_batch"] / least[id(row)] for row in over)
+    over_steps, all_steps = (sum(row.get("steps", 1) for row in found) for found in (over, rows))
     critical = schedule.critical_batch
     past = f", and past critical_batch {critical}" if critical and floor > critical else ""
     return (f"world size {world_size} x micro_batch {schedule.micro_batch} = {floor} samples per step is more than "
-            f"the target batch at {len(over)} of {len(rows)} steps (up to {worst:.3g}x the target{past}): "
+            f"the target batch at {over_steps} of {all_steps} steps (up to {worst:.3g}x the target{past}): "
             "use fewer ranks or a smaller micro_batch to follow the schedule")
 
 

@@ -78,7 +78,8 @@ class TrainingSettings(StrictModel):
         "INFO", description="NCCL_DEBUG for launched jobs (INFO lets `train health` read channels/transports)"
     )
     collective_timeout: Duration = Field(
-        300, description="init_process_group timeout: a hung collective fails after this, not PyTorch's 10 min"
+        300, gt=0, description="init_process_group timeout: a hung collective fails after this, not PyTorch's "
+        "10 min (0 is refused: every collective would time out at once)"
     )
     hang_timeout: Duration = Field(
         900, description="launch kills the job when it prints nothing for this long (0 = never)"

@@ -461,11 +461,23 @@ def parse_topologies(text: str, source: str = "<topology>") -> list[Topology]:
     return [_build(matrix, source) for matrix in matrices]
 
 
+# The largest topology file read: a 72-GPU, 18-NIC matrix is under 64 KiB; a log or a core dump
+# passed by mistake must not be read into memory whole.
+MAX_TOPOLOGY_BYTES = 4 * 1024**2
+TOPOLOGY_HINT = ("save a machine's matrix with `nvidia-smi topo -m > topo.txt` and pass that file, or detect it "
+                 "on the GPU machine (the CLI's --detect, the DAG's topology `detect`)")
+
+
 def read_topology_file(path: str | Path) -> str:
     """The text of a saved `nvidia-smi topo -m`: UTF-8 (a byte-order mark dropped) or UTF-16 with
     its byte-order mark (what Windows PowerShell's `>` writes); bytes that do not decode become
-    U+FFFD, so a damaged line is named by the parser, not a decoding error."""
-    data = Path(path).read_bytes()
+    U+FFFD, so a damaged line is named by the parser, not a decoding error. UsageError for a file
+    larger than MAX_TOPOLOGY_BYTES."""
+    with open(path, "rb") as handle:
+        data = handle.read(MAX_TOPOLOGY_BYTES + 1)
+    if len(data) > MAX_TOPOLOGY_BYTES:
+        raise UsageError(f"topology file {path} is larger than {MAX_TOPOLOGY_BYTES // 1024**2} MiB: not the output "
+                         "of `nvidia-smi topo -m`", hint=TOPOLOGY_HINT)
     if data.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
         return data.decode("utf-16", errors="replace")
     return data.decode("utf-8-sig", errors="replace")
@@ -478,6 +490,34 @@ def parse_topology(text: str, source: str = "<topology>", index: int = 0) -> Top
         raise UsageError(f"{source} holds {len(found)} topology matrices; there is no #{index}",
                          hint=f"pass --machine between 0 and {len(found) - 1}")
     return found[index]
+
+
+def load_topology(path: str | None = None, *, detect_here: bool = False, machine: int = 0) -> Topology | None:
+    """The topology the CLI's `--topology FILE` / `--detect` or the DAG's `topology` param names:
+    the `machine`-th matrix of the file `path`, this machine's (`detect_here`), or None when
+    neither is given. UsageError, worded the same for every face, for both at once, an empty
+    name, a path that is missing, a folder or not a regular file (a FIFO or device would never end),
+    an unreadable or oversized file; InputError naming the line for a malformed matrix."""
+    if path is not None and detect_here:
+        raise UsageError("give a topology file or detect it on this machine, not both",
+                         hint="drop --topology FILE or --detect")
+    if detect_here:
+        return detect()
+    if path is None:
+        return None
+    if not path.strip():
+        raise UsageError("the topology file name is empty", hint=TOPOLOGY_HINT)
+    file = Path(path)
+    if not file.is_file():
+        what = ("is a directory, not a topology file" if file.is_dir() else
+                "is not a regular file" if file.exists() else "not found")
+        raise UsageError(f"topology file {path}: {what}", hint=TOPOLOGY_HINT)
+    try:
+        text = read_topology_file(file)
+    except OSError as exc:
+        raise UsageError(f"cannot read topology file {path}: {exc.strerror or exc}",
+                         hint="check its permissions; " + TOPOLOGY_HINT) from None
+    return parse_topology(text, str(file), machine)
 
 
 def detect(timeout_s: float = 30) -> Topology:

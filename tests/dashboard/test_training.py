@@ -88,3 +88,79 @@ def test_no_root_a_missing_root_and_a_corrupt_sample_file_each_say_what_to_do(tm
     assert "hint: move the bad samples" in errors[0]
     assert bad.read_bytes() == b"not parquet"  # read-only: the bad file is left for a person
     assert run_folders(str(logs / "good")) == [logs / "good"]  # a log folder that is itself one run
+
+
+def _samples(folder, rows) -> None:
+    """A run folder whose telemetry holds one good sample file of the recorder's own layout."""
+    from seedance_tasks.telemetry.samples import write_samples
+
+    stamps, names, labels, values = zip(*rows, strict=True)
+    write_samples(folder / "telemetry", "samples-r0000-a000-00000.parquet", (stamps, names, labels, values))
+
+
+def _foreign_column_type(telemetry) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"timestamp": pa.array([1], pa.int64()), "name": ["seedance_step"],
+                             "labels": [[("rank", "1")]], "value": ["abc"]}), telemetry / "samples-r0001-a000-00000.parquet")
+
+
+def _far_timestamp(telemetry) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({
+        "timestamp": pa.array([2**62], pa.int64()).cast(pa.timestamp("us", tz="UTC")), "name": ["seedance_step"],
+        "labels": pa.array([[("rank", "1"), ("attempt", "0")]], pa.map_(pa.string(), pa.string())),
+        "value": [7.0]}), telemetry / "samples-r0001-a000-00000.parquet")
+
+
+def _step_label(telemetry) -> None:
+    from seedance_tasks.telemetry.samples import write_samples
+
+    write_samples(telemetry, "samples-r0001-a000-00000.parquet",
+                  ([1.7e9], ["seedance_cost_usd_total"], [{"rank": "1", "attempt": "0", "step": "abc"}], [2.0]))
+
+
+def _linked(telemetry) -> None:
+    (telemetry / "samples-r0001-a000-00000.parquet").symlink_to(telemetry / "samples-r0000-a000-00000.parquet")
+
+
+DAMAGE = {"a column of another type": _foreign_column_type, "a timestamp past year 9999": _far_timestamp,
+          "a step label that is no number": _step_label, "a symlinked sample file": _linked}
+
+
+@pytest.mark.parametrize("damage", DAMAGE.values(), ids=DAMAGE.keys())
+def test_a_run_with_damaged_samples_is_its_own_error_and_the_other_runs_still_show(tmp_path, damage):
+    from seedance_tasks import ui
+
+    good = [(1.7e9, "seedance_cost_usd_total", {"run": "good", "rank": "0", "attempt": "0", "step": "5"}, 1.25),
+            (1.7e9, "seedance_step", {"run": "good", "rank": "0", "attempt": "0", "step": "5"}, 5.0)]
+    for name in ("good", "bad"):
+        _samples(tmp_path / name, [(stamp, metric, {**labels, "run": name}, value)
+                                   for stamp, metric, labels, value in good])
+    damage(tmp_path / "bad" / "telemetry")
+    found, errors = training_runs(str(tmp_path))
+    assert [run.name for run in found] == ["good"] and found[0].cost == Decimal("1.25")
+    assert len(errors) == 1 and str(tmp_path / "bad" / "telemetry") in errors[0] and "hint: move the bad" in errors[0]
+    sources = Sources((Root("training", RUN_LOGS, str(tmp_path), "test"),))
+    html = pages.training_page(sources, ui.training_roots(sources))  # the page is served, not a 500
+    assert "telemetry samples unreadable" in html and "data-run='good' data-figure='cost'" in html
+
+
+@pytest.mark.parametrize("linked", ["run", "telemetry"])
+def test_a_symlinked_run_folder_is_named_not_followed(tmp_path, linked):
+    elsewhere = tmp_path / "elsewhere"
+    good = [(1.7e9, "seedance_cost_usd_total", {"run": "r", "rank": "0", "attempt": "0", "step": "5"}, 0.5)]
+    for name in ("good", "outside"):
+        _samples(elsewhere / name if name == "outside" else tmp_path / "logs" / name,
+                 [(stamp, metric, {**labels, "run": name}, value) for stamp, metric, labels, value in good])
+    if linked == "run":
+        (tmp_path / "logs" / "planted").symlink_to(elsewhere / "outside")
+    else:
+        (tmp_path / "logs" / "planted").mkdir()
+        (tmp_path / "logs" / "planted" / "telemetry").symlink_to(elsewhere / "outside" / "telemetry")
+    found, errors = training_runs(str(tmp_path / "logs"))
+    assert [run.name for run in found] == ["good"]
+    assert len(errors) == 1 and str(tmp_path / "logs" / "planted") in errors[0] and "not followed" in errors[0]

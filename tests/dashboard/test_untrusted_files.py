@@ -72,6 +72,15 @@ def test_a_malformed_quarantine_reason_is_shown_not_a_failed_page(tmp_path, reas
     assert "<h3>Quarantine</h3><table>" in page and shown in page
 
 
+def test_an_oversized_quarantine_reason_is_not_read_whole(tmp_path):
+    sources = _quarantined(tmp_path, json.dumps({"file": "part-0.parquet", "reason": "bad"}))
+    reason = tmp_path / "_seedance" / "quarantine" / "run-1" / "part-0.parquet.reason.json"
+    with reason.open("a") as handle:
+        handle.truncate(2 * 1024**2)  # sparse: 2 MiB of NULs after the JSON
+    page = pages.safety_page(sources, [], None, ui.safety_statuses(sources))
+    assert "unreadable reason file: " in page and "is larger than 1 MiB" in page
+
+
 def _finding(**fields) -> dict:
     return {"id": "idle:i-1", "signal": "idle", "key": "i-1", "severity": "warning", "summary": "idle", "evidence": {},
             "at_stake": "3.00", "currency": "USD", "first_seen": "2024-09-01", "last_seen": "2024-09-02",

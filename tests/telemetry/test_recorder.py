@@ -304,3 +304,33 @@ def test_a_sample_file_that_cannot_be_written_never_stops_training(tmp_path, mon
     assert sum("not written" in record.getMessage() for record in caplog.records) == 1
     rows = read_samples(tmp_path / "telemetry").to_pylist()
     assert sorted({int(dict(row["labels"])["step"]) for row in rows}) == [3, 4, 5]  # steps 1-2 were in the lost file
+
+
+@pytest.mark.parametrize("case", ["port taken", "port past 65535", "bind not this machine"])
+def test_an_exporter_that_cannot_listen_where_configured_never_stops_training(tmp_path, caplog, case):
+    import socket
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    port, rank, bind = {"port taken": (taken.getsockname()[1], 0, "127.0.0.1"),
+                        "port past 65535": (65535, 3, "127.0.0.1"),
+                        "bind not this machine": (9400, 0, "203.0.113.7")}[case]  # TEST-NET-3: no host has it
+    recorder = StepRecorder(_telemetry(port=port, bind=bind), folder=tmp_path / "telemetry", rank=rank, run="r1")
+    try:
+        started = recorder.start()  # was: OSError / OverflowError out of the trainer's start
+        with recorder.step(1):
+            pass
+        if case == "bind not this machine":
+            assert started is None and recorder.port is None
+        else:
+            assert started and started != port + rank
+            target = json.loads((tmp_path / "telemetry" / f"targets-r{rank:04d}.json").read_text())
+            assert target[0]["targets"] == [f"127.0.0.1:{started}"]
+            with urllib.request.urlopen(f"http://127.0.0.1:{started}/metrics", timeout=10) as response:
+                assert b"seedance_step" in response.read()
+        assert "telemetry: the exporter cannot listen on" in caplog.text
+    finally:
+        recorder.close()
+        taken.close()
+    assert summarise(tmp_path / "telemetry")["steps"] == 1

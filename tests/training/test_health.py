@@ -8,7 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from seedance_tasks.cli import app
-from seedance_tasks.training import health
+from seedance_tasks.training import health, launch
 from tests.conftest import DATA
 
 LOGS = DATA / "training" / "logs"
@@ -421,3 +421,100 @@ def test_a_watchdog_message_without_a_rank_takes_the_rank_of_its_line_prefix():
     r = health.report(text)
     assert [item["rank"] for item in r["timeouts"]] == [3, 7, None]  # the message's own rank wins
     assert "rank(s) 3, 7" in r["verdict"]["cause"]
+
+
+NCCL_TESTS_HEAD = (LOGS / "nccl_tests_all_reduce_perf_rows_mooncake3484.txt").read_text().splitlines()[1:4]
+
+
+@pytest.mark.parametrize(("failure", "said", "code"), [
+    ("node1: Test NCCL failure common.cu:1005 'unhandled cuda error (run with NCCL_DEBUG=INFO for details) / '",
+     "a NCCL call at common.cu:1005 returned an error: 'unhandled cuda error", "ncclUnhandledCudaError"),
+    ("node1: Test NCCL failure common.cu:1122 'remote process exited or there was a network error / "
+     "NET/IB : Got completion from peer 10.0.0.2<42> with status=12'",
+     "a NCCL call at common.cu:1122 returned an error: 'remote process exited", "ncclRemoteError"),
+    ("node2: Test CUDA failure common.cu:733 'out of memory'", "a CUDA call at common.cu:733 returned an error: "
+     "'out of memory'", None),
+])
+def test_an_nccl_tests_run_that_stopped_on_an_error_is_a_failed_verdict(tmp_path, failure, said, code):
+    # a healthy start (NCCL INFO, the first rows of the sweep), then nccl-tests' own error check
+    text = "\n".join([
+        "#  Rank  0 Group  0 Pid  41230 on    node1 device  0 [0x18] NVIDIA H100 80GB HBM3",
+        "node1:41230:41251 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] via P2P/CUMEM/read",
+        *NCCL_TESTS_HEAD, failure, " .. node1 pid 41230: Test failure common.cu:891", ""])
+    r = health.report(text)
+    assert r["verdict"]["status"] == "failed" and said in r["verdict"]["cause"], r["verdict"]
+    assert r["test_failures"][0]["at"] == failure.split()[4] and r["test_failures"][-1]["at"] == "common.cu:891"
+    assert r["nccl_errors"] == ([code] if code else [])
+    log = tmp_path / "nccl_tests.log"
+    log.write_text(text)
+    result = CliRunner().invoke(app, ["train", "health", str(log), "--json"])
+    assert json.loads(result.stdout)["verdict"]["status"] == "failed"
+
+
+@pytest.mark.parametrize(("code", "said", "fix"), [
+    ("-9", "failed: SIGKILL", "OOM killer"),
+    ("137", "failed: exit code 137 (SIGKILL)", "OOM killer"),  # as a shell or a container reports it
+    ("-11", "failed: SIGSEGV", "no Python traceback"),
+    ("139", "failed: exit code 139 (SIGSEGV)", "PYTHONFAULTHANDLER=1"),
+    ("143", "failed: exit code 143 (SIGTERM)", "from outside"),
+    ("1", "failed: exit code 1", "read rank 1's traceback"),
+    ("255", "failed: exit code 255", "read rank 1's traceback"),  # 255 - 128 is no signal
+])
+def test_a_rank_killed_by_a_signal_is_named_so_and_not_sent_looking_for_a_traceback(code, said, fix):
+    summary = FAILURE.replace("exitcode  : -9 (pid: 14226)", f"exitcode  : {code} (pid: 14226)").replace(
+        "traceback : Signal 9 (SIGKILL) received by PID 14226",
+        "traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html")
+    verdict = health.report(summary)["verdict"]
+    assert verdict["status"] == "failed" and f"rank 1 (local rank 1 on node7) {said}:" in verdict["cause"], verdict
+    assert fix in verdict["fix"], verdict
+
+
+@pytest.mark.timeout(60)  # was exponential in the items: 20 took a second, these 40 would take days
+def test_a_long_line_that_almost_is_a_channel_summary_is_read_at_once():
+    almost = "node1:1:2 [0] NCCL INFO " + "1 coll channels " * 40 + "and then something else"
+    assert health.report(almost)["channels"] == {}
+    real = "node1:1:2 [0] NCCL INFO 24 coll channels, 24 collnet channels, 16 nvls channels, 32 p2p channels, " \
+           "32 p2p channels per peer"
+    assert health.report(real)["channels"] == {"coll": 24, "collnet": 24, "nvls": 16, "p2p": 32, "p2p_per_peer": 32}
+
+
+@pytest.mark.parametrize("value", ["inf", "Infinity", "1e309"])
+def test_cli_health_refuses_an_infinite_expected_bandwidth(value):
+    # was taken: every peak was then "0% of the inf GB/s this profile expects"
+    result = CliRunner().invoke(app, ["train", "health", str(LOGS / "nccl_tests_all_reduce_perf_rows_mooncake3484.txt"),
+                                      "--expected-busbw", value])
+    assert result.exit_code == 2 and "--expected-busbw inf: not a bandwidth" in result.output, result.output
+    assert "hint:" in result.output and "Traceback" not in result.output
+
+
+HUNG_START = """$ /venv/bin/python -m torch.distributed.run --nproc-per-node=2 -m seedance_tasks.training.trainer
+[default0]:node1:100:120 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] via P2P/CUMEM/read
+[default0]:node1:100:120 [0] NCCL INFO comm 0x55d5 rank 0 nranks 2 cudaDev 0 busId 18000 - Init COMPLETE
+[default0]:[rank0] step 1/100 loss 4.1
+"""
+STUCK = ("[default1]:[rank1]:[E1206 03:10:00.000000 100 ProcessGroupNCCL.cpp:1484] [PG ID 0 PG GUID 0(default_pg) "
+         "Rank 1] ProcessGroupNCCL's watchdog got stuck for 480 seconds without making progress in monitoring "
+         "enqueued collectives. This typically indicates a NCCL/CUDA API (e.g., CudaEventDestroy) hang\n"
+         "[default1]:[rank1]:[F1206 03:10:00.000000 100 ProcessGroupNCCL.cpp:1306] [PG ID 0 PG GUID 0(default_pg) "
+         "Rank 1] Heartbeat monitor timed out! Process will be terminated after dumping debug info.\n")
+
+
+@pytest.mark.parametrize(("tail", "said"), [
+    (launch.HUNG_MESSAGE.format(seconds=900) + "\n", "the job printed nothing for 900 s and was killed as hung"),
+    (STUCK, "PyTorch's NCCL watchdog got stuck (heartbeat monitor timed out) on rank(s) 1"),
+    (STUCK + launch.HUNG_MESSAGE.format(seconds=1.5) + "\n", "printed nothing for 1.5 s"),
+])
+def test_a_hung_job_is_a_failed_verdict_not_a_healthy_nccl_init(tail, said):
+    verdict = health.report(HUNG_START + tail)["verdict"]
+    assert verdict["status"] == "failed" and said in verdict["cause"], verdict
+    assert "py-spy dump" in verdict["fix"]
+    assert health.report(HUNG_START)["verdict"]["status"] == "ok"  # the same start without the hang
+
+
+def test_pxn_connections_count_as_their_transport_whatever_the_proxy_rank():
+    log = "\n".join([
+        "node8:181412:181412 [1] NCCL INFO Channel 00/0 : 9[1] -> 0[0] [send] via NET/IB/0(8)/GDRDMA",
+        "node8:181412:181412 [1] NCCL INFO Channel 01/0 : 9[1] -> 0[0] [send] via NET/IB/1(1)/GDRDMA",
+        "node8:181411:181411 [0] NCCL INFO Channel 00/0 : 1[1] -> 8[0] [receive] via NET/IB/0/GDRDMA",
+    ])
+    assert health.report(log)["transports"] == {"NET/IB/GDRDMA": 3}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import os
 
 import pytest
@@ -320,6 +321,20 @@ def test_an_override_value_that_no_environment_can_hold_is_refused(value, proble
     assert "NCCL_SOCKET_IFNAME" in caught.value.message
 
 
+@pytest.mark.parametrize("value", [math.inf, -math.inf, math.nan])
+def test_a_number_that_is_not_finite_is_refused_not_sent_as_inf(value):
+    with pytest.raises(UsageError, match="NCCL_BUFFSIZE=.*not a finite number"):
+        make_plan(None, backend="gloo", overrides={"NCCL_BUFFSIZE": value})
+
+
+def test_a_whole_number_from_a_json_form_reaches_nccl_as_its_digits():
+    # NCCL reads numbers with strtoll: `4.0` is 4 there, but `1e+20` (str of 1e20) would be 1
+    plan = make_plan(None, backend="gloo", overrides={"NCCL_BUFFSIZE": 4194304.0, "NCCL_IB_TIMEOUT": 22.0,
+                                                       "TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC": 1e20})
+    assert {key: plan["env"][key] for key in ("NCCL_BUFFSIZE", "NCCL_IB_TIMEOUT", "TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC")} \
+        == {"NCCL_BUFFSIZE": "4194304", "NCCL_IB_TIMEOUT": "22", "TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC": str(10**20)}
+
+
 def test_boolean_overrides_and_profile_values_are_1_or_0_as_nccl_parses_flags(tmp_path):
     # NCCL reads "True" as 0: a YAML/JSON true must reach it as 1
     plan = make_plan(None, backend="gloo", overrides={"NCCL_IB_DISABLE": True, "NCCL_P2P_DISABLE": False,
@@ -407,3 +422,15 @@ def test_cli_plan_on_a_missing_topology_or_a_set_without_a_value_says_what_to_do
     result = CliRunner().invoke(app, ["train", "plan", *args])
     assert result.exit_code == 2 and said in result.output, result.output
     assert "hint:" in result.output and "Traceback" not in result.output, result.output
+
+
+@pytest.mark.parametrize(("command", "option"), [
+    ("plan", "--profile"), ("plan", "--nic-transport"), ("plan", "--rdzv-endpoint"),
+    ("launch", "--data"), ("launch", "--checkpoint-store"), ("launch", "--log-dir"), ("launch", "--run"),
+])
+def test_an_option_given_as_an_empty_string_is_refused_not_taken_as_left_out(command, option):
+    # `--data "$DATA"` with DATA unset trained on synthetic tokens; `--profile ""` planned with auto
+    result = CliRunner().invoke(app, ["train", command, option, "", "--steps" if command == "launch" else "--json",
+                                      *(["1"] if command == "launch" else [])])
+    assert result.exit_code == 2 and f"error: {option} is empty" in result.output, result.output
+    assert "hint:" in result.output and "Traceback" not in result.output

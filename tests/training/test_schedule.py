@@ -159,3 +159,46 @@ def test_an_accumulation_count_past_the_bound_is_refused_naming_the_key():
     assert schedule.check_accumulation(make(peak_batch=limit * 4 * 2), 2) == limit
     with pytest.raises(ConfigError, match="critical_batch"):
         schedule.check_accumulation(make(peak_batch=10**12, critical_batch=10**11), 2)
+
+
+@pytest.mark.parametrize("overrides", [{}, {"total_steps": 10}, {"warmup_steps": 0}, {"decay_steps": 0},
+                                       {"critical_batch": 100}, {"start_batch": 300, "end_batch": 500}])
+@pytest.mark.parametrize("world", [1, 3, 64])
+def test_segments_are_the_table_with_equal_steps_run_together(overrides, world):
+    s = make(**overrides)
+    rows, segments = schedule.table(s, world), schedule.segments(s, world)
+    steps = [step for seg in segments for step in range(seg["first_step"], seg["last_step"] + 1)]
+    assert steps == list(range(s.total_steps)) and sum(seg["steps"] for seg in segments) == s.total_steps
+    for seg in segments:
+        for row in rows[seg["first_step"]: seg["last_step"] + 1]:
+            assert (row["accumulation"], row["global_batch"], row["lr"]) == (
+                seg["accumulation"], seg["global_batch"], seg["lr"])
+            assert seg["min_target_batch"] <= row["target_batch"] <= seg["max_target_batch"]
+    assert schedule.oversize_warning(s, world, segments) == schedule.oversize_warning(s, world, rows)
+
+
+def test_a_run_of_a_trillion_steps_is_a_few_segments_not_a_row_per_step():
+    import json
+
+    from typer.testing import CliRunner
+
+    from seedance_tasks.cli import app
+
+    long_run = make(total_steps=10**12, warmup_steps=10**9, decay_steps=10**9)
+    segments = schedule.segments(long_run, 2)
+    assert len(segments) < 1000 and segments[-1]["last_step"] == 10**12 - 1
+    # was one row per step: 200,000 rows built and printed (a real run's --steps 10**11 never returned)
+    result = CliRunner().invoke(app, ["train", "schedule", "--steps", "200000", "--json"])
+    assert result.exit_code == 0, result.output
+    printed = json.loads(result.stdout)["segments"]
+    assert len(printed) < 50 and printed[-1]["last_step"] == 199_999 and printed[-1]["global_batch"] == 64
+
+
+@pytest.mark.parametrize("value", ["0", "0s"])
+def test_a_zero_collective_timeout_is_refused_not_a_job_whose_every_collective_times_out(value):
+    from seedance_tasks.config import load_settings
+    from seedance_tasks.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"'training\.collective_timeout' \(from SEEDANCE__TRAINING__COLLECTIVE_TIMEOUT\)"):
+        load_settings(environ={"SEEDANCE__TRAINING__COLLECTIVE_TIMEOUT": value})
+    assert load_settings(environ={"SEEDANCE__TRAINING__COLLECTIVE_TIMEOUT": "30s"}).training.collective_timeout == 30
