@@ -6,7 +6,8 @@ Wiring only; the work is in `seedance_tasks.compaction`. Nightly on `compaction.
 event says to apply), and on demand from the UI with the same parameters as `seedance compact`.
 Every empty field is taken from config/seedance.yaml. The report task emits
 `seedance_compacted_lake` with the run's figures (URI, files and bytes before/after, saving).
-A teardown releases the run's lease of its lakes however the run ended.
+A teardown releases the run's lease of its lakes however the run ended (a `plan` or `compact` task
+cleared and run again on its own after the run ended releases it at its end).
 """
 
 from __future__ import annotations

@@ -187,7 +187,8 @@ def fail_fast(func: F | None = None, *, retry_on: tuple[type[BaseException], ...
     data a retry cannot fix), with the same one-line `message` + `hint` the CLI prints. Retryable
     ones (a SeedanceError with `retryable`, transient storage/network errors: OSError, S3
     endpoint down or frozen, timeouts; and the `retry_on` types) are re-raised for Airflow to
-    retry. The traceback stays in the task log (logged here, and chained to the failure).
+    retry. An error with an `airflow_hint` (its hint names a CLI flag) shows that one instead.
+    The traceback stays in the task log (logged here, and chained to the failure).
     Use as `@fail_fast` or `@fail_fast(retry_on=(RuntimeError,))`.
     """
     if func is None:
@@ -212,6 +213,8 @@ def fail_fast(func: F | None = None, *, retry_on: tuple[type[BaseException], ...
             from seedance_tasks.boundary import classify
 
             error = classify(exc)
+            if error.airflow_hint:  # the hint that fits a task log (no CLI flag such as --wait there)
+                error.hint = error.airflow_hint
             if error.retryable or isinstance(exc, retry_on):
                 raise
             logging.getLogger("seedance_tasks.dag").error("task failed (not retried)", exc_info=exc)
@@ -282,3 +285,36 @@ def release_run_lease(uri: str, name: str) -> bool:
         return False
     log.info("released the lease %s of %s", name, root.uri)
     return True
+
+
+FINISHED_STATES = frozenset({"success", "failed", "skipped", "upstream_failed", "removed"})
+
+
+def _run_task_states() -> tuple[str, dict[str, Any]]:
+    """(this task instance's key, {key: state} of every task instance of its DAG run), keys as
+    Airflow's execution API writes them (`task_id`, or `task_id_<map index>` for a mapped one)."""
+    from airflow.sdk import get_current_context
+
+    ti = get_current_context()["ti"]
+    states = ti.get_task_states(dag_id=ti.dag_id, run_ids=[ti.run_id]).get(ti.run_id) or {}
+    return (ti.task_id if ti.map_index is None or ti.map_index < 0 else f"{ti.task_id}_{ti.map_index}"), states
+
+
+def last_of_its_run() -> bool:
+    """True when every other task instance of the running task's DAG run has finished: this task
+    was cleared and rerun on its own (Airflow's "clear" without downstream), so no later task of
+    the run (no teardown) will release what it holds. False outside a task."""
+    try:
+        me, states = _run_task_states()
+    except RuntimeError:  # not inside a task (a direct call from a test or the CLI)
+        return False
+    return all(state in FINISHED_STATES for key, state in states.items() if key != me)
+
+
+def release_if_last(uri: str, name: str) -> bool:
+    """Release the DAG run's lease `name` of `uri` (`release_run_lease`) when the running task is
+    the last of its run (`last_of_its_run`); else keep it for the run's next tasks. True if released.
+
+    For a task that keeps its run's lease for the next task (`holding(release=False)`): cleared
+    alone, it would otherwise leave the lake locked until the lease's TTL."""
+    return last_of_its_run() and release_run_lease(uri, name)

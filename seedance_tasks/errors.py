@@ -9,10 +9,11 @@ class SeedanceError(Exception):
     exit_code = 1
     retryable = False  # a retry of the same task cannot fix it (bad input, refused, misconfigured)
 
-    def __init__(self, message: str, *, hint: str | None = None):
+    def __init__(self, message: str, *, hint: str | None = None, airflow_hint: str | None = None):
         super().__init__(message)
         self.message = message
         self.hint = hint
+        self.airflow_hint = airflow_hint  # the hint in an Airflow task, where it differs (no CLI flags there)
 
     def __str__(self) -> str:
         return f"{self.message}\n  hint: {self.hint}" if self.hint else self.message
@@ -45,6 +46,14 @@ class IntegrityError(SeedanceError):
 
     exit_code = 4
     retryable = True  # may be a half-finished write by another process; a later try can succeed
+
+
+class MetadataError(IntegrityError):
+    """A metadata file Seedance reads back (a stored plan) or a task's input fails
+    validation: it was edited or damaged. A retry reads the same bytes and fails the same way,
+    so a DAG task fails at once instead of being retried; a person moves the file away."""
+
+    retryable = False
 
 
 class ResourceError(SeedanceError):

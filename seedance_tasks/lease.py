@@ -20,6 +20,7 @@ import json
 import logging
 import math
 import os
+import posixpath
 import secrets
 import socket
 import threading
@@ -425,10 +426,13 @@ def acquire(root: Location, name: str, *, holder: str, purpose: str, ttl_s: floa
                 return _held(root, record, backend, raw)
             continue
         if time.monotonic() >= deadline:
+            expiry = f"its lease to expire ({current.ttl_s:.0f} s after its last heartbeat)"
             raise LeaseHeldError(
                 f"{root.uri} is being written by another run: lease {where} is held by {current.describe()}",
-                hint=f"wait for it to finish (or pass --wait), or, if it died, for its lease to expire "
-                     f"({current.ttl_s:.0f} s after its last heartbeat)",
+                hint=f"wait for it to finish (or pass --wait), or, if it died, for {expiry}",
+                airflow_hint=f"Airflow retries this task after its retry delay: by then the other run may have "
+                             f"finished or, if it died, {expiry}; if every retry is refused, clear the task "
+                             "once the other run is done",
             )
         time.sleep(min(_POLL_S, max(deadline - time.monotonic(), 0.01)))
 
@@ -474,6 +478,39 @@ def holding(root: Location, name: str, *, holder: str, purpose: str, ttl_s: floa
                 held.renew(pid_bound=False)
             except LeaseLostError:
                 pass
+
+
+def overlapping(root: Location, rel: str, *, holder: str, name: str) -> tuple[str, LeaseRecord] | None:
+    """(folder URI, record) of a fresh lease `name` of another holder on a dataset that overlaps
+    `root/rel`: one rooted at a folder above `root` (a lake that holds this one) or at a folder
+    from `root` down to `root/rel` (a lake inside this one that holds `rel`), `root`'s own lease
+    aside; None if there is none. A damaged record raises its IntegrityError.
+
+    Leases are per root, and roots nest (`seedance compact lake` beside `seedance compact
+    lake/date=1`): a writer holding its own lease calls this right before its point of no
+    return, so that of two writers on overlapping roots at most one rewrites the shared files
+    (each takes its lease before it looks for the other's). A folder that cannot be looked
+    into (permissions) holds no lease this writer could honour and is passed over.
+    """
+    folders, path = [], root.path.rstrip("/") or "/"
+    while True:  # the folders above the root, up to the filesystem's root or the bucket
+        parent = posixpath.dirname(path)
+        if not parent or parent == path or (root.is_s3 and "/" not in path):
+            break
+        folders.append(parent)
+        path = parent
+    parts = [part for part in (rel or "").split("/") if part]
+    folders += [root.join(*parts[:end]) for end in range(1, len(parts) + 1)]
+    for folder in folders:
+        record_path = posixpath.join(folder, storage.LEASE_DIR, f"{name}.json")
+        try:
+            raw = storage.read_bytes(root.fs, record_path)
+        except OSError:  # none there (FileNotFoundError), or a folder we may not read
+            continue
+        record = LeaseRecord.from_bytes(raw, root.uri_of(record_path))
+        if record.holder != holder and not record.stale():
+            return root.uri_of(folder), record
+    return None
 
 
 def current(root: Location, name: str) -> LeaseRecord | None:

@@ -200,3 +200,21 @@ def test_run_type_of_reads_the_enum_a_task_sees():
     assert run_type_of(Run(DagRunType.ASSET_TRIGGERED)) == "asset_triggered"
     assert run_type_of(Run("scheduled")) == "scheduled"
     assert run_type_of(None) == ""
+
+
+def test_a_lease_held_in_an_airflow_task_says_what_airflow_does_not_a_cli_flag(tmp_path):
+    """The CLI's hint offers `--wait`; a task has no such flag: its hint says Airflow retries it."""
+    from seedance_tasks import lease, storage
+
+    root = storage.resolve(tmp_path / "lake")
+    held = lease.acquire(root, "dataset", holder="airflow:other:run", purpose="compaction", ttl_s=60)
+    try:
+        with pytest.raises(lease.LeaseHeldError) as cli:
+            lease.acquire(root, "dataset", holder="cli-run", purpose="compaction")
+        assert "--wait" in cli.value.hint
+        with pytest.raises(lease.LeaseHeldError) as task:  # retryable: left to Airflow
+            fail_fast(lambda: lease.acquire(root, "dataset", holder="airflow:mine:run", purpose="compaction"))()
+        assert "--wait" not in str(task.value) and "Airflow retries this task" in task.value.hint
+        assert "60 s after its last heartbeat" in task.value.hint and "airflow:other:run" in task.value.message
+    finally:
+        held.release()

@@ -14,6 +14,7 @@ from typing import Any
 from seedance_tasks.dag_support import (
     airflow_lease_holder,
     fail_fast,
+    release_if_last,
     release_run_lease,
     run_settings,
     skip,
@@ -40,15 +41,35 @@ def lakes_to_compact(params: dict, settings, events=None) -> list[dict[str, Any]
     forced_dry = bool(params.get("dry_run"))
     extras = triggering_extras(events, SIGNAL_ASSETS)
     if extras:
-        lakes: dict[str, bool] = {}
+        from seedance_tasks.compaction.plan import normal_uri
+
+        lakes: dict[str, tuple[str, bool]] = {}  # one entry per lake, however its URI is spelled
         for extra in extras:
             for target in extra.get("targets") or []:
                 conf = target.get("conf") or {}
                 if target.get("dag_id", "seedance_compaction") == "seedance_compaction" and conf.get("uri"):
-                    lakes[conf["uri"]] = forced_dry or bool(conf.get("dry_run", True))
-        return [{"uri": uri, "dry_run": dry} for uri, dry in lakes.items()]
+                    lakes[normal_uri(str(conf["uri"]))] = (conf["uri"], forced_dry or bool(conf.get("dry_run", True)))
+        return _outermost([{"uri": uri, "dry_run": dry} for uri, dry in lakes.values()])
     uri = params.get("uri") or settings.default_uri
     return [{"uri": uri, "dry_run": forced_dry}] if uri else []
+
+
+def _outermost(lakes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`lakes` without those inside another lake of the list that is compacted for real: the
+    outer lake's plan covers their partitions, and two plans of one run over the same files would
+    have two tasks of one lease holder rewrite them at once (rows doubled)."""
+    from seedance_tasks.compaction.plan import normal_uri
+
+    applied = [normal_uri(str(lake["uri"])) for lake in lakes if not lake["dry_run"]]
+    kept = []
+    for lake in lakes:
+        mine = normal_uri(str(lake["uri"]))
+        outer = next((other for other in applied if mine.startswith(other.rstrip("/") + "/")), None)
+        if outer is None:
+            kept.append(lake)
+        else:
+            log.warning("lake %s lies inside lake %s of this run: compacted as part of it", lake["uri"], outer)
+    return kept
 
 
 @fail_fast
@@ -64,7 +85,7 @@ def plan_task(params: dict, events=None) -> dict:
     down) still fails the task for Airflow to retry.
     """
     from seedance_tasks.boundary import classify
-    from seedance_tasks.compaction.run import plan_for_dag
+    from seedance_tasks.compaction.run import capped, plan_for_dag
 
     settings = _settings(params)
     lakes = lakes_to_compact(params, settings, events)
@@ -82,9 +103,17 @@ def plan_task(params: dict, events=None) -> dict:
             failed.append({"uri": lake["uri"], "dry_run": lake["dry_run"], "error": error.message[:500]})
             first_error = first_error or exc
             continue
-        planned.append({"uri": lake["uri"], **one, "dry_run": lake["dry_run"]})
+        if "dry_run_report" in one:
+            _log_entries(one["dry_run_report"])
+            one["dry_run_report"] = capped(one["dry_run_report"])
+        planned.append({"uri": lake["uri"], **capped(one), "dry_run": lake["dry_run"]})
     if not planned:
         raise first_error
+    from seedance_tasks.compaction.run import LEASE_NAME
+
+    for lake in planned:  # cleared alone after its run ended, no later task releases the leases
+        if not lake["dry_run"]:
+            release_if_last(lake["uri"], LEASE_NAME)
     groups = [{**group, "lake": index} for index, one in enumerate(planned) for group in one.pop("groups")]
     return {"lakes": planned, "groups": groups, "settings": settings.model_dump(mode="json"),
             "failed_lakes": failed}
@@ -92,18 +121,32 @@ def plan_task(params: dict, events=None) -> dict:
 
 @fail_fast
 def compact_group_task(group: dict) -> dict:
-    """Compact one group of partitions of a saved plan; safe to retry with the same group."""
-    from seedance_tasks.compaction.run import compact_group_attempt
+    """Compact one group of partitions of a saved plan; safe to retry with the same group. Run
+    again on its own (cleared after its run ended), it releases the lake's lease at its end."""
+    from seedance_tasks.compaction.run import LEASE_NAME, compact_group_attempt, load_plan
 
-    return compact_group_attempt(group, holder=airflow_lease_holder())
+    result = compact_group_attempt(group, holder=airflow_lease_holder())
+    release_if_last(load_plan(group["plan_uri"]).uri, LEASE_NAME)
+    return result
+
+
+def _log_entries(report: dict) -> None:
+    """Every skipped partition and quarantined file of `report` in the task log (its XCom keeps
+    the first ones: `run.capped`)."""
+    for item in report.get("skipped") or []:
+        log.info("skipped %s: %s", item.get("partition"), item.get("reason"))
+    for item in report.get("quarantined") or []:
+        log.warning("quarantined %s: %s -> %s", item.get("file"), item.get("reason"), item.get("moved_to"))
 
 
 @fail_fast
 def report_task(planned: dict, results: list[dict], asset=None) -> dict:
     """The run's report, as `seedance compact --json` prints it (one per lake under "lakes" when
-    the run compacted several); the event on `asset` carries its URIs and figures."""
+    the run compacted several), each list cut to its first entries (`run.capped`: an XCom stays
+    small for a lake of any size; the task log lists them all); the event on `asset` carries its
+    URIs and figures."""
     from seedance_tasks.compaction.plan import CompactionPlan
-    from seedance_tasks.compaction.run import load_plan, summarize
+    from seedance_tasks.compaction.run import capped, load_plan, summarize
     from seedance_tasks.compaction.settings import CompactionSettings
 
     if "lakes" not in planned:  # one lake's `plan_for_dag` output
@@ -120,6 +163,9 @@ def report_task(planned: dict, results: list[dict], asset=None) -> dict:
         flat = [item for result in mine for item in result["results"]]
         recovered = list(lake["recovered"]) + [item for result in mine for item in result.get("recovered", [])]
         summaries.append(summarize(plan, flat, settings, recovered=recovered, dry_run=lake["dry_run"]))
+    for one in summaries:
+        _log_entries(one)
+    summaries = [capped(one) for one in summaries]
     failed = planned.get("failed_lakes") or []
     summary = summaries[0] if len(summaries) == 1 and not failed else {
         "lakes": summaries, "dry_run": all(s["dry_run"] for s in summaries), "failed_lakes": failed}
@@ -146,8 +192,9 @@ def lake_summaries(summary: dict) -> list[dict]:
 
 @fail_fast
 def purge_task(params: dict, summary: dict | None) -> dict:
-    """Purge each lake's trash runs older than the `purge_older_than` param (empty:
-    `storage.trash_retention`) and release the DAG run's lease (nothing is purged on dry runs)."""
+    """Purge each lake's trash runs and stored plans older than the `purge_older_than` param
+    (empty: `storage.trash_retention`; this run's plan is kept) and release the DAG run's lease
+    (nothing is purged on dry runs)."""
     from seedance_tasks.compaction.run import purge_for_dag
     from seedance_tasks.config import load_section
     from seedance_tasks.units import parse_duration
@@ -159,7 +206,8 @@ def purge_task(params: dict, summary: dict | None) -> dict:
         older_than = parse_duration(older) if older else load_section("storage").trash_retention
     except UsageError as exc:
         raise UsageError(f"param purge_older_than: {exc.message}") from None
-    results = [purge_for_dag(lake["uri"], older_than, holder=airflow_lease_holder(), apply=not lake["dry_run"])
+    results = [purge_for_dag(lake["uri"], older_than, holder=airflow_lease_holder(), apply=not lake["dry_run"],
+                             keep_plans={lake["run_id"]})
                for lake in lake_summaries(summary)]
     if len(results) == 1:
         return results[0]

@@ -14,8 +14,10 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+import pyarrow.fs as pafs
+
 from seedance_tasks import storage
-from seedance_tasks.errors import IntegrityError, RefusedError, SeedanceError
+from seedance_tasks.errors import IntegrityError, MetadataError, RefusedError, SeedanceError
 from seedance_tasks.storage import Location
 
 PARQUET_SUFFIXES = (".parquet", ".parq", ".pq")
@@ -23,10 +25,11 @@ SYMLINK_REASON = "symlink: not followed"
 UNDECODABLE_REASON = "file name is not UTF-8 (shown with \\xNN escapes): not read, left as it is; rename it to compact it"
 
 TABLE_FORMATS = {
-    "_delta_log": ("Delta Lake", "run Delta's own OPTIMIZE (and VACUUM) on this table"),
-    ".hoodie": ("Apache Hudi", "use Hudi's clustering / compaction service on this table"),
-    "metadata": ("Apache Iceberg", "run Iceberg's rewrite_data_files procedure on this table"),
+    "_delta_log": ("a Delta Lake", "run Delta's own OPTIMIZE (and VACUUM) on this table"),
+    ".hoodie": ("an Apache Hudi", "use Hudi's clustering / compaction service on this table"),
+    "metadata": ("an Apache Iceberg", "run Iceberg's rewrite_data_files procedure on this table"),
 }
+_ICEBERG_METADATA = (".metadata.json", ".avro")
 
 
 @dataclass
@@ -64,15 +67,15 @@ PLAN_HINT = ("the plan file was edited or damaged; nothing was changed. Move it 
 _RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._=-]{0,199}$")
 
 
-def _refuse(where: str, key: str, problem: str) -> IntegrityError:
-    return IntegrityError(f"plan {where}: {key} {problem}; refused", hint=PLAN_HINT)
+def _refuse(where: str, key: str, problem: str) -> MetadataError:
+    return MetadataError(f"plan {where}: {key} {problem}; refused", hint=PLAN_HINT)
 
 
 def _confined(value: Any, root: Location, where: str, key: str) -> str:
     try:
         return storage.confine(value, what=f"plan {where} {key}", root=root)
     except IntegrityError as exc:
-        raise IntegrityError(exc.message, hint=PLAN_HINT) from None
+        raise MetadataError(exc.message, hint=PLAN_HINT) from None
 
 
 def _count(value: Any, where: str, key: str) -> int:
@@ -82,8 +85,8 @@ def _count(value: Any, where: str, key: str) -> int:
 
 
 def validated(data: Any, root: Location, where: str) -> CompactionPlan:
-    """A plan read from storage (untrusted), checked key by key; IntegrityError naming `where`
-    (the plan file) and the key otherwise.
+    """A plan read from storage (untrusted), checked key by key; MetadataError (not retried: the
+    same plan fails the same way) naming `where` (the plan file) and the key otherwise.
 
     Guarantees: the plan is for `root` (its `uri`), its run id is a plain id, and every file it
     names is a visible Parquet file of its partition, below `root`, reached without passing
@@ -96,7 +99,7 @@ def validated(data: Any, root: Location, where: str) -> CompactionPlan:
     if not isinstance(run_id, str) or not _RUN_ID.match(run_id) or ".." in run_id:
         raise _refuse(where, "run_id", f"{run_id!r:.80} is not a run id (letters, digits, . _ = -)")
     uri = data.get("uri")
-    if not isinstance(uri, str) or _normal_uri(uri) != root.uri.rstrip("/"):
+    if not isinstance(uri, str) or normal_uri(uri) != root.uri.rstrip("/"):
         raise _refuse(where, "uri", f"{uri!r:.200} is not the dataset the plan is stored in ({root.uri})")
     partitions_data = data.get("partitions")
     if not isinstance(partitions_data, list):
@@ -139,8 +142,9 @@ def validated(data: Any, root: Location, where: str) -> CompactionPlan:
                           _count(data.get("files_listed", 0), where, "files_listed"))
 
 
-def _normal_uri(uri: str) -> str:
-    """`uri` as `Location.uri` prints it, without creating a filesystem (no S3 client)."""
+def normal_uri(uri: str) -> str:
+    """`uri` as `Location.uri` prints it (one spelling per place: `lake`, `lake/` and `file:///abs/lake`
+    are one), without creating a filesystem (no S3 client); a URI Seedance does not read, as it is."""
     if uri.startswith("s3://"):
         return "s3://" + uri[len("s3://"):].strip("/")
     try:
@@ -158,14 +162,47 @@ def detect_table_format(root: Location, listing) -> None:
         parts = root.relative(info.path).split("/")
         for index, part in enumerate(parts[:-1]):
             if part in ("_delta_log", ".hoodie") or (
-                part == "metadata" and parts[-1].endswith((".metadata.json", ".avro")) and index == len(parts) - 2
+                part == "metadata" and parts[-1].endswith(_ICEBERG_METADATA) and index == len(parts) - 2
             ):
-                name, advice = TABLE_FORMATS[part]
-                raise RefusedError(
-                    f"{root.uri} is a {name} table ({posixpath.join(*parts[: index + 1])}/ found); "
-                    "Seedance does not rewrite files that a table format tracks",
-                    hint=advice,
-                )
+                raise _table_format(root, part, posixpath.join(*parts[: index + 1]) + "/")
+
+
+def _table_format(root: Location, marker: str, found: str) -> RefusedError:
+    name, advice = TABLE_FORMATS[marker]
+    return RefusedError(f"{root.uri} is {name} table or part of one ({found} found); "
+                        "Seedance does not rewrite files that a table format tracks", hint=advice)
+
+
+def refuse_enclosing_table(root: Location) -> None:
+    """RefusedError if `root` is a table-format table (`_delta_log/`, `.hoodie/`, Iceberg
+    `metadata/` beside it) or lies inside one (a partition of a Delta table: its log names the
+    files). A few cheap probes of `root` and each folder above it, no listing of the data, so
+    that a refused dataset is refused before anything (a lease) is written into it."""
+    path = root.path.rstrip("/") or "/"
+    while True:
+        folder = Location(root.fs, path, root.scheme) if path != root.path else root
+        try:
+            found = folder.fs.get_file_info([folder.join(marker) for marker in TABLE_FORMATS])
+        except OSError:  # a folder above the root we may not look into: not one we write to either
+            found = []
+        for marker, info in zip(TABLE_FORMATS, found, strict=False):  # [] when the folder is unreadable
+            if info.type != pafs.FileType.Directory:
+                continue
+            if marker == "metadata" and not _holds_iceberg_metadata(folder.child(marker)):
+                continue
+            raise _table_format(root, marker, (marker if folder is root else root.uri_of(folder.join(marker))) + "/")
+        parent = posixpath.dirname(path)
+        if not parent or parent == path or (root.is_s3 and "/" not in path):
+            return
+        path = parent
+
+
+def _holds_iceberg_metadata(folder: Location) -> bool:
+    try:
+        entries = folder.fs.get_file_info(pafs.FileSelector(folder.path, recursive=False, allow_not_found=True))
+    except OSError:
+        return False
+    return any(info.type == pafs.FileType.File and info.path.endswith(_ICEBERG_METADATA) for info in entries)
 
 
 def _is_parquet(relative: str) -> bool:

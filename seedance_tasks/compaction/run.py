@@ -22,10 +22,16 @@ import pyarrow.fs as pafs
 from seedance_tasks import journal, lease, storage
 from seedance_tasks.arrow_memory import reusing_memory
 from seedance_tasks.boundary import first_line
-from seedance_tasks.compaction.plan import PLAN_HINT, CompactionPlan, plan_compaction, validated
+from seedance_tasks.compaction.plan import (
+    PLAN_HINT,
+    CompactionPlan,
+    plan_compaction,
+    refuse_enclosing_table,
+    validated,
+)
 from seedance_tasks.compaction.settings import CompactionSettings
 from seedance_tasks.compaction.writer import JOURNAL_KIND, compact_partition, journal_prefix
-from seedance_tasks.errors import InputError, IntegrityError, UsageError
+from seedance_tasks.errors import InputError, MetadataError, UsageError
 from seedance_tasks.storage import Location
 
 PLANS_DIR = f"{storage.SEEDANCE_DIR}/plans"
@@ -34,13 +40,16 @@ MAX_GROUPS = 64  # mapped task instances per DAG run; well under Airflow's max_m
 
 
 def open_dataset(uri: str) -> Location:
-    """The Location of an existing dataset root; InputError if the path or bucket does not exist."""
+    """The Location of an existing dataset root; InputError if the path or bucket does not exist,
+    RefusedError if it is a table-format table or inside one (checked before anything is written
+    into it: a refused dataset is left untouched, without even a lease)."""
     root = storage.resolve(uri)
     info = root.fs.get_file_info(root.path)
     if info.type == pafs.FileType.File:
         raise UsageError(f"{root.uri} is a file, not a dataset directory",
                          hint="give the dataset's root directory (or prefix), which holds its partitions")
     if info.type != pafs.FileType.NotFound:
+        refuse_enclosing_table(root)
         return root
     if root.is_s3:
         bucket = root.path.split("/", 1)[0]
@@ -84,27 +93,27 @@ def save_plan(plan: CompactionPlan) -> str:
 
 def load_plan(plan_uri: str) -> CompactionPlan:
     """The plan stored at `plan_uri` (`<root>/_seedance/plans/<run_id>.json`), validated as untrusted
-    input (`plan.validated`): IntegrityError naming the plan file and the key if it is not sound,
-    so that a tampered plan never makes compaction read or retire a file outside its lake."""
+    input (`plan.validated`): MetadataError (not retried) naming the plan file and the key if it is
+    not sound, so that a tampered plan never makes compaction read or retire a file outside its lake."""
     location = storage.resolve(plan_uri)
     name = posixpath.basename(location.path)
     folder = posixpath.dirname(location.path)
     suffix = "/" + PLANS_DIR
     if not folder.endswith(suffix) or not name.endswith(".json") or not folder[: -len(suffix)]:
-        raise IntegrityError(f"plan {plan_uri}: not a plan file (expected <dataset>/{PLANS_DIR}/<run id>.json)",
-                             hint=PLAN_HINT)
+        raise MetadataError(f"plan {plan_uri}: not a plan file (expected <dataset>/{PLANS_DIR}/<run id>.json)",
+                            hint=PLAN_HINT)
     root = Location(location.fs, folder[: -len(suffix)], location.scheme)
     try:
         data = storage.read_json(location.fs, location.path)
     except FileNotFoundError:
-        raise IntegrityError(f"plan {plan_uri} does not exist", hint=PLAN_HINT) from None
+        raise MetadataError(f"plan {plan_uri} does not exist", hint=PLAN_HINT) from None
     except (ValueError, RecursionError) as exc:
-        raise IntegrityError(f"plan {plan_uri} is not valid JSON ({first_line(str(exc), 200)})",
-                             hint=PLAN_HINT) from None
+        raise MetadataError(f"plan {plan_uri} is not valid JSON ({first_line(str(exc), 200)})",
+                            hint=PLAN_HINT) from None
     plan = validated(data, root, plan_uri)
     if name != f"{plan.run_id}.json":
-        raise IntegrityError(f"plan {plan_uri}: its run_id {plan.run_id!r} does not match its file name",
-                             hint=PLAN_HINT)
+        raise MetadataError(f"plan {plan_uri}: its run_id {plan.run_id!r} does not match its file name",
+                            hint=PLAN_HINT)
     return plan
 
 
@@ -168,7 +177,7 @@ def summarize(plan: CompactionPlan, results: list[dict], settings: CompactionSet
     skipped = list(plan.skipped) + [
         {"partition": result["partition"], "reason": result["reason"]}
         for result in results if result["status"] == "skipped"
-    ]
+    ] + [{"partition": item["file"], "reason": item["reason"]} for result in results for item in result.get("left", [])]
     if dry_run:
         files_before = sum(len(partition.files) for partition in plan.partitions)
         bytes_before = sum(partition.bytes for partition in plan.partitions)
@@ -252,7 +261,33 @@ def compact_dataset(uri: str, settings: CompactionSettings, *, dry_run: bool = F
                 on_progress(done, total)
 
         results = compact_group(plan, list(range(len(plan.partitions))), settings, on_done=progress, held=held)
+        purge_plans(root, _trash_retention(), keep={plan.run_id})
     return summarize(plan, results, settings, recovered=recovered, seconds=time.monotonic() - started)
+
+
+def _trash_retention() -> float:
+    from seedance_tasks.config import load_section
+
+    return float(load_section("storage").trash_retention)
+
+
+REPORT_LIST_LIMIT = 100
+"""Entries of each list of a report (partitions, skipped, quarantined, recovered) kept in an XCom."""
+
+
+def capped(report: dict, limit: int | None = None) -> dict:
+    """`report` small enough for an Airflow XCom whatever the lake: each of its lists cut to its
+    first `limit` (default REPORT_LIST_LIMIT) entries, how many were left out under `omitted`
+    ({list: count}, only when some were); the figures (files, bytes, rows, saving) stay whole."""
+    limit = REPORT_LIST_LIMIT if limit is None else limit
+    out, omitted = dict(report), {}
+    for key in ("partitions", "skipped", "quarantined", "recovered"):
+        items = report.get(key)
+        if isinstance(items, list) and len(items) > limit:
+            out[key], omitted[key] = items[:limit], len(items) - limit
+    if omitted:
+        out["omitted"] = omitted
+    return out
 
 
 # --------------------------------------------------------------------------- the DAG's steps
@@ -301,7 +336,7 @@ def compact_group_attempt(group: dict, *, holder: str) -> dict:
     if (not isinstance(indices, list) or len(set(map(repr, indices))) != len(indices)
             or not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < len(plan.partitions)
                        for i in indices)):
-        raise IntegrityError(
+        raise MetadataError(
             f"compact task input: indices {indices!r:.200} are not distinct partition numbers of plan "
             f"{group['plan_uri']} (it has {len(plan.partitions)} partitions)",
             hint="the mapped task's input does not belong to this plan; start a new DAG run")
@@ -314,10 +349,39 @@ def compact_group_attempt(group: dict, *, holder: str) -> dict:
     return {"results": results, "recovered": recovered}
 
 
-def purge_for_dag(uri: str, older_than_s: float, *, holder: str, apply: bool = True) -> dict:
-    """The DAG's last step: purge old trash under the lease, then release the DAG run's lease."""
+def purge_for_dag(uri: str, older_than_s: float, *, holder: str, apply: bool = True,
+                  keep_plans: frozenset[str] | set[str] = frozenset()) -> dict:
+    """The DAG's last step: purge old trash and old plans (`purge_plans`, but never those of
+    `keep_plans`, this run's) under the lease, then release the DAG run's lease."""
     root = storage.resolve(uri)
     if not apply:
         return journal.purge_trash(root, older_than_s, apply=False)
     with lease.holding(root, LEASE_NAME, holder=holder, purpose="seedance_compaction DAG run"):
-        return journal.purge_trash(root, older_than_s)
+        result = journal.purge_trash(root, older_than_s)
+        result["plans_purged"] = purge_plans(root, older_than_s, keep=keep_plans)
+        return result
+
+
+def purge_plans(root: Location, older_than_s: float, *, now: datetime | None = None,
+                keep: frozenset[str] | set[str] = frozenset()) -> int:
+    """Delete the stored plans (`_seedance/plans/<run id>.json`) of runs that started more than
+    `older_than_s` ago (the time their run id carries), except those of `keep`; returns how many.
+
+    A plan is read only by its own run's tasks (and their retries): past the trash retention its
+    run is long over. A file there that is not named after a run id is left alone. The caller
+    holds the lake's lease (no run is reading a plan it deletes).
+    """
+    now = now or datetime.now(UTC)
+    storage.refuse_linked_state(root, PLANS_DIR)
+    selector = pafs.FileSelector(root.join(PLANS_DIR), recursive=False, allow_not_found=True)
+    purged = 0
+    for info in root.fs.get_file_info(selector):
+        name = posixpath.basename(info.path)
+        run_id = name.removesuffix(".json")
+        started = storage.run_id_time(run_id)
+        if (info.type != pafs.FileType.File or not name.endswith(".json") or started is None or run_id in keep
+                or (now - started).total_seconds() < older_than_s):
+            continue
+        root.fs.delete_file(info.path)
+        purged += 1
+    return purged

@@ -191,6 +191,30 @@ def _check_field_metadata(schemas: list[tuple[str, pa.Schema]]) -> None:
             )
 
 
+def _check_case_clashes(schemas: list[tuple[str, pa.Schema]], unified: pa.Schema) -> None:
+    """SchemaConflict if the unified schema would hold two columns (or nested fields) whose names
+    differ only in case (`userId` in one file, `userid` in another) that no single file holds
+    together: case-insensitive readers (Spark, Hive, Athena, Trino) refuse such a file as having
+    a duplicate column, so compacting would make readable files unreadable to them. Names a file
+    already holds together are kept as they are."""
+    by_fold: dict[str, set[str]] = {}
+    for field in unified:
+        for path, _ in _field_paths(field):
+            by_fold.setdefault(path.casefold(), set()).add(path)
+    clashes = [sorted(paths) for paths in by_fold.values() if len(paths) > 1]
+    if not clashes:
+        return
+    held = [(name, {path for field in schema for path, _ in _field_paths(field)}) for name, schema in schemas]
+    for paths in clashes:
+        if any(set(paths) <= mine for _, mine in held):
+            continue
+        owners = [next(name for name, mine in held if path in mine) for path in paths[:2]]
+        raise SchemaConflict(
+            f"column {paths[0]!r} in {owners[0]} and column {paths[1]!r} in {owners[1]} differ only in case: "
+            "one compacted file would hold both, which case-insensitive readers (Spark, Hive, Athena) "
+            "refuse as a duplicate column; rename one of them")
+
+
 def unify(schemas: list[tuple[str, pa.Schema]]) -> pa.Schema:
     """One schema every input casts to without loss; raises SchemaConflict naming file and column.
 
@@ -218,6 +242,7 @@ def unify(schemas: list[tuple[str, pa.Schema]]) -> pa.Schema:
         for field in unified
     ]
     _check_field_metadata(plain)
+    _check_case_clashes(plain, pa.schema(fields))
     same_columns = all(schema.equals(plain[0][1]) for _, schema in plain)
     return pa.schema(fields, metadata=_file_metadata(schemas, same_columns) or None)
 

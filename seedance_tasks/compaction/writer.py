@@ -12,6 +12,7 @@ from __future__ import annotations
 import errno
 import os
 import posixpath
+import re
 import secrets
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
@@ -22,7 +23,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from seedance_tasks import journal as journals
-from seedance_tasks import storage
+from seedance_tasks import lease, storage
 from seedance_tasks.compaction.plan import PartitionPlan, SourceFile
 from seedance_tasks.compaction.schema import SchemaConflict, conform, unify
 from seedance_tasks.compaction.settings import CompactionSettings
@@ -34,6 +35,8 @@ from seedance_tasks.storage import Location
 JOURNAL_KIND = "compaction"
 _READ_THREADS = 2
 _READ_AHEAD = 4
+_STREAM_ROWS = 1 << 19  # a row group of more rows is read in batches: its decoded size may be many times its bytes
+_STREAM_BATCH_ROWS = 1 << 16
 _CARDINALITY_SAMPLE_ROWS = 8_192
 _CARDINALITY_RECHECK_ROWS = 65_536  # enough rows for a column of dates or prices to show its few values
 _CARDINALITY_MOSTLY_DISTINCT = 0.5  # past this in the first sample a column is not rechecked
@@ -43,12 +46,37 @@ _S3_KEY_MAX = 1024  # bytes
 
 
 class BadSourceFile(Exception):
-    """A source file could not be read; it is quarantined and its partition retried without it."""
+    """A source file could not be read; its partition is retried without it. A damaged file is
+    quarantined; one that is sound but uses what this build cannot read (`unsupported`: an
+    encrypted file, a codec not built in) is left where it is, for the readers that can."""
 
-    def __init__(self, source: SourceFile, reason: str):
+    def __init__(self, source: SourceFile, reason: str, error: BaseException | None = None):
         super().__init__(f"{source.path}: {reason}")
         self.source = source
         self.reason = reason
+        self.unsupported = _unsupported(error) if error is not None else None
+
+
+def _unsupported(error: BaseException) -> str | None:
+    """Why a file that failed to read is not damaged but beyond this build (the reason it is left
+    in place), or None: Parquet modular encryption without a key here, or a compression codec
+    pyarrow was built without (LZO...). Anything else is taken for damage."""
+    text = str(error)
+    if re.search(r"encrypt|decrypt", text, re.IGNORECASE):
+        return f"encrypted Parquet, and this host has no key for it ({_first_line(error)}); left as it is"
+    if re.search(r"codec", text, re.IGNORECASE) and re.search(r"not (implemented|built|supported)|Support for codec",
+                                                              text, re.IGNORECASE):
+        return f"compressed with a codec this build cannot read ({_first_line(error)}); left as it is"
+    return None
+
+
+class _SourceGone(Exception):
+    """A source file left its place while the partition was compacted (another attempt of the
+    run retired it, or a writer moved it): not bad data, and the partition is no longer as planned."""
+
+    def __init__(self, source: SourceFile):
+        super().__init__(source.path)
+        self.source = source
 
 
 @dataclass
@@ -63,6 +91,7 @@ class PartitionResult:
     rows: int = 0
     outputs: list[str] = field(default_factory=list)
     quarantined: list[dict] = field(default_factory=list)
+    left: list[dict] = field(default_factory=list)  # sound files this build cannot read: {"file", "reason"}
 
 
 def _open(root: Location, source: SourceFile, int96_unit: str | None = None) -> pq.ParquetFile:
@@ -73,7 +102,7 @@ def _open(root: Location, source: SourceFile, int96_unit: str | None = None) -> 
         return pq.ParquetFile(handle, pre_buffer=True, page_checksum_verification=True,
                               coerce_int96_timestamp_unit=int96_unit)
     except _READ_ERRORS as exc:
-        raise BadSourceFile(source, f"not a readable Parquet file ({exc})") from None
+        raise BadSourceFile(source, f"not a readable Parquet file ({exc})", exc) from None
 
 
 def _int96_columns(parquet: pq.ParquetFile) -> list[str]:
@@ -122,7 +151,7 @@ def _int96_unit(root: Location, source: SourceFile, parquet: pq.ParquetFile) -> 
             try:
                 tables = {unit: read.read_row_group(group, columns=columns) for unit, read in reads.items()}
             except _READ_ERRORS as exc:
-                raise BadSourceFile(source, f"row group {group} unreadable ({_first_line(exc)})") from None
+                raise BadSourceFile(source, f"row group {group} unreadable ({_first_line(exc)})", exc) from None
             for name in columns:
                 chunks = zip(tables["s"].column(name).chunks, tables["ns"].column(name).chunks, strict=True)
                 for s_chunk, ns_chunk in chunks:
@@ -176,37 +205,75 @@ class _ReadUnit:
     source: SourceFile
     row_groups: tuple[int, ...]
     int96_unit: str | None = None
+    stream: bool = False  # one row group too big to decode whole: read in batches (`_stream`)
 
 
 def _read_units(sources: list[tuple[SourceFile, pq.ParquetFile]], read_bytes: int,
                 int96_units: dict[str, str] | None = None) -> Iterator[_ReadUnit]:
-    """Each source's row groups in order, cut into reads of about `read_bytes` (uncompressed)."""
+    """Each source's row groups in order, cut into reads of about `read_bytes` (uncompressed); a
+    row group of more than _STREAM_ROWS rows is a read of its own, streamed in batches."""
     for source, parquet in sources:
         metadata = parquet.metadata
+        int96_unit = (int96_units or {}).get(source.path)
         batch: list[int] = []
         batch_bytes = 0
         for index in range(metadata.num_row_groups):
+            group = metadata.row_group(index)
+            if group.num_rows > _STREAM_ROWS:
+                if batch:
+                    yield _ReadUnit(source, tuple(batch), int96_unit)
+                    batch, batch_bytes = [], 0
+                yield _ReadUnit(source, (index,), int96_unit, stream=True)
+                continue
             batch.append(index)
-            batch_bytes += metadata.row_group(index).total_byte_size
-            if batch_bytes >= read_bytes or index == metadata.num_row_groups - 1:
-                yield _ReadUnit(source, tuple(batch), (int96_units or {}).get(source.path))
+            batch_bytes += group.total_byte_size
+            if batch_bytes >= read_bytes:
+                yield _ReadUnit(source, tuple(batch), int96_unit)
                 batch, batch_bytes = [], 0
+        if batch:
+            yield _ReadUnit(source, tuple(batch), int96_unit)
 
 
-
-def _read(root: Location, unit: _ReadUnit, schema: pa.Schema) -> pa.Table:
-    """One read unit as a table of `schema`; its own file handle, so reads can run in parallel.
+def _read(root: Location, unit: _ReadUnit, schema: pa.Schema) -> pa.Table | Iterator[pa.Table]:
+    """One read unit as a table of `schema` (a streamed unit: an iterator of tables, `_stream`);
+    its own file handle, so reads can run in parallel.
 
     A value the unified schema cannot hold (e.g. a millisecond timestamp beyond the nanosecond
     range) raises SchemaConflict naming the file: the partition is skipped, the file is fine.
     """
+    if unit.stream:
+        return _stream(root, unit, schema)
     parquet = _open(root, unit.source, unit.int96_unit)
     try:
         table = parquet.read_row_groups(list(unit.row_groups))
     except _READ_ERRORS as exc:
-        raise BadSourceFile(unit.source, _unreadable_row_groups(parquet, unit.row_groups, exc)) from None
+        raise BadSourceFile(unit.source, _unreadable_row_groups(parquet, unit.row_groups, exc), exc) from None
     finally:
         parquet.close()
+    return _conformed(unit, table, schema)
+
+
+def _stream(root: Location, unit: _ReadUnit, schema: pa.Schema) -> Iterator[pa.Table]:
+    """A big row group as tables of _STREAM_BATCH_ROWS rows, decoded as they are taken: a small
+    file of a few MB can hold one row group of millions of rows that decodes to gigabytes
+    (dictionary-encoded strings), which a whole read would hold at once (times the read-ahead)."""
+    parquet = _open(root, unit.source, unit.int96_unit)
+    try:
+        batches = parquet.iter_batches(batch_size=_STREAM_BATCH_ROWS, row_groups=list(unit.row_groups))
+        while True:
+            try:
+                batch = next(batches)
+            except StopIteration:
+                return
+            except _READ_ERRORS as exc:
+                raise BadSourceFile(unit.source, _unreadable_row_groups(parquet, unit.row_groups, exc),
+                                    exc) from None
+            yield _conformed(unit, pa.Table.from_batches([batch]), schema)
+    finally:
+        parquet.close()
+
+
+def _conformed(unit: _ReadUnit, table: pa.Table, schema: pa.Schema) -> pa.Table:
     try:
         return conform(table, schema)
     except _DATA_ERRORS as exc:
@@ -458,9 +525,11 @@ def compact_partition(root: Location, plan: PartitionPlan, run_id: str, index: i
                       settings: CompactionSettings, *, held=None, resume: bool = False) -> PartitionResult:
     """Compact one partition: write hidden, verify, publish, retire the sources to the trash.
 
-    Unreadable sources are quarantined and the partition retried without them; a schema conflict,
-    a value or type that cannot be rewritten exactly, or a path too long for the filesystem skips
-    the partition with the reason. Each try has its own journal and file names (an attempt
+    Unreadable sources are quarantined (damaged) or left in place (sound but beyond this build:
+    encrypted, an unbuilt codec; listed in `left`) and the partition retried without them; a
+    source that disappears meanwhile, a schema conflict, a value or type that cannot be
+    rewritten exactly, a path too long for the filesystem, or a fresh lease of another run on an
+    overlapping lake (`lease.overlapping`) skips the partition with the reason. Each try has its own journal and file names (an attempt
     token), so an attempt never overwrites another's. With `resume` (a retried task), a partition
     an earlier attempt already compacted is reported from its done journal, not compacted again,
     and only the sources still in place are compacted. `held` (the dataset's lease) is checked
@@ -475,20 +544,44 @@ def compact_partition(root: Location, plan: PartitionPlan, run_id: str, index: i
     too_long = _too_long(root, plan, run_id, sources)
     if too_long:
         return PartitionResult(plan.partition or ".", "skipped", too_long)
+    left: list[dict] = []
     for _ in range(len(sources) + 1):
         opened: list[tuple[SourceFile, pq.ParquetFile]] = []
         token = secrets.token_hex(4)
         try:
-            result = _attempt(root, plan, run_id, index, token, settings, sources, opened, quarantined, held)
+            result = _attempt(root, plan, run_id, index, token, settings, sources, opened, quarantined, left, held)
         except BadSourceFile as bad:
-            quarantined.append(_quarantine(root, bad, run_id))
+            try:
+                _set_aside(root, bad, run_id, quarantined, left)
+            except _SourceGone as gone:
+                result = _source_gone(root, plan, run_id, index, gone.source, quarantined)
+                break
             sources = [source for source in sources if source.path != bad.source.path]
             continue
+        except _SourceGone as gone:
+            result = _source_gone(root, plan, run_id, index, gone.source, quarantined)
         finally:
             for _, parquet in opened:
                 parquet.close()
-        return result
-    raise AssertionError("unreachable: every retry removes one source")
+        break
+    else:
+        raise AssertionError("unreachable: every retry removes one source")
+    result.left = left
+    return result
+
+
+def _source_gone(root: Location, plan: PartitionPlan, run_id: str, index: int, source: SourceFile,
+                 quarantined: list[dict]) -> PartitionResult:
+    """The result of a partition whose `source` disappeared mid-compaction: the result of the
+    attempt of this run that compacted it (a retry that ran while this one was presumed dead),
+    else skipped with the reason. Never a quarantine: the file was not bad, only gone."""
+    earlier = _done_result(root, plan, run_id, index)
+    if earlier is not None:
+        return earlier
+    return PartitionResult(
+        plan.partition or ".", "skipped",
+        f"{source.path} disappeared while the partition was compacted (another attempt or writer moved it); "
+        "nothing was published, the next run plans this partition again", quarantined=quarantined)
 
 
 def journal_prefix(run_id: str, index: int) -> str:
@@ -560,7 +653,7 @@ def _count(recorded: dict, key: str) -> int:
 
 def _attempt(root: Location, plan: PartitionPlan, run_id: str, index: int, token: str,
              settings: CompactionSettings, sources: list[SourceFile], opened: list, quarantined: list[dict],
-             held) -> PartitionResult:
+             left: list[dict], held) -> PartitionResult:
     """One try at a partition; raises BadSourceFile (after rolling back) if a source breaks mid-read."""
     partition_label = plan.partition or "."
     int96_units: dict[str, str] = {}
@@ -579,7 +672,7 @@ def _attempt(root: Location, plan: PartitionPlan, run_id: str, index: int, token
                 parquet = _open(root, source, int96_unit)
             opened.append((source, parquet))
         except BadSourceFile as bad:
-            quarantined.append(_quarantine(root, bad, run_id))
+            _set_aside(root, bad, run_id, quarantined, left)
             sources.remove(source)
         except SchemaConflict as conflict:
             return PartitionResult(partition_label, "skipped", str(conflict), quarantined=quarantined)
@@ -599,9 +692,10 @@ def _attempt(root: Location, plan: PartitionPlan, run_id: str, index: int, token
     try:
         units = _read_units(opened, settings.row_group_size // 4, int96_units)
         # small files are read in parallel (pyarrow decodes without the GIL) while this thread encodes
-        for table in ordered_map(lambda unit: _read(root, unit, schema), units, threads=_READ_THREADS,
-                                 ahead=_READ_AHEAD, name="compaction-read"):
-            writer.write(table)
+        for read in ordered_map(lambda unit: _read(root, unit, schema), units, threads=_READ_THREADS,
+                                ahead=_READ_AHEAD, name="compaction-read"):
+            for table in [read] if isinstance(read, pa.Table) else read:  # a streamed unit: batch by batch
+                writer.write(table)
         outputs = writer.close()
         written_rows, written_bytes = _verify(root, outputs, rows, schema)
     except SchemaConflict as conflict:
@@ -640,10 +734,34 @@ def _attempt(root: Location, plan: PartitionPlan, run_id: str, index: int, token
     journal.meta["result"] = asdict(result)  # saved with the commit: a retry reports it from here
     if held is not None:
         held.check()  # LeaseLostError: the new holder rolls this writing journal back
+        other = lease.overlapping(root, plan.partition, holder=held.record.holder, name=held.record.name)
+        if other is not None:  # a run on a lake holding this one, or inside it: it may rewrite these files too
+            journal.rollback()
+            return PartitionResult(
+                partition_label, "skipped",
+                f"the lake {other[0]} overlaps this partition and is being compacted by {other[1].describe()}; "
+                "nothing was published, the next run compacts it", quarantined=quarantined)
     journal.commit()
     return result
 
 
+def _set_aside(root: Location, bad: BadSourceFile, run_id: str, quarantined: list[dict], left: list[dict]) -> None:
+    """Take an unreadable source out of the partition's compaction: quarantined if damaged, left
+    in place (listed in `left`) if sound but beyond this build; _SourceGone if it is gone."""
+    if bad.unsupported is None:
+        quarantined.append(_quarantine(root, bad, run_id))
+    elif storage.is_file(root.fs, root.join(bad.source.path)):
+        left.append({"file": bad.source.path, "reason": bad.unsupported})
+    else:
+        raise _SourceGone(bad.source)
+
+
 def _quarantine(root: Location, bad: BadSourceFile, run_id: str) -> dict:
+    """Quarantine an unreadable source; _SourceGone if it is neither in place nor quarantined
+    already (its read failed because it was gone: nothing to quarantine, nothing to report)."""
+    here = root.join(bad.source.path)
+    quarantined = root.join(storage.QUARANTINE_DIR, run_id, bad.source.path)
+    if not any(info.type == pafs.FileType.File for info in root.fs.get_file_info([here, quarantined])):
+        raise _SourceGone(bad.source)
     target = storage.quarantine(root, bad.source.path, run_id, bad.reason)
     return {"file": bad.source.path, "reason": bad.reason, "moved_to": root.uri_of(target)}

@@ -119,3 +119,26 @@ def test_an_untampered_plan_loads_and_compacts(planned):
     [result] = compact_group_attempt(group, holder=HOLDER)["results"]
     assert result["status"] == "compacted" and result["rows"] == 2
     assert os.listdir(outside) == ["precious.parquet"]
+
+
+@pytest.mark.parametrize("edit", [
+    lambda plan_file, group: open(plan_file, "w").write('{"run_id": "../x"}'),
+    lambda plan_file, group: open(plan_file, "w").write("{not json"),
+    lambda plan_file, group: os.unlink(plan_file),
+    lambda plan_file, group: group.update(indices=[0, 7]),
+])
+def test_a_refused_plan_fails_the_airflow_task_at_once(planned, monkeypatch, edit):
+    """No retry reads a tampered plan (or a group that is not the plan's) differently: the mapped
+    `compact` task fails at once with the error line, instead of being retried twice."""
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from seedance_tasks.compaction import airflow_tasks
+
+    lake, outside, group, _ = planned
+    monkeypatch.setattr(airflow_tasks, "airflow_lease_holder", lambda: HOLDER)
+    group = dict(group)
+    edit(group["plan_uri"], group)
+    with pytest.raises(AirflowFailException, match=r"^error: (plan|compact task input)") as failed:
+        airflow_tasks.compact_group_task(group)
+    assert "hint:" in str(failed.value)
+    assert sorted(os.listdir(lake / "p=1")) == ["a.parquet", "b.parquet"]
