@@ -52,8 +52,9 @@ class S3Settings(StrictModel):
 class StorageSettings(StrictModel):
     s3: S3Settings = S3Settings()
     trash_retention: Duration = Field(7 * 86400, description="age after which trash may be purged")
-    lease_ttl: Duration = Field(
-        600, gt=0, description="a writer's lease is taken over when its heartbeat is older than this"
+    lease_ttl: Duration = Field(  # at most lease.MAX_TTL_S: a lease record claiming more is refused as damaged
+        600, gt=0, le=7 * 86400,
+        description="a writer's lease is taken over when its heartbeat is older than this (at most 7d)",
     )
 
 

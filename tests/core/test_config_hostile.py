@@ -343,3 +343,12 @@ def test_the_get_price_is_exact_from_text_or_a_yaml_number(tmp_path):
         price = load_settings(_config(tmp_path, f"compaction:\n  s3_get_price_per_1000: {text}\n"),
                               environ={}).compaction.s3_get_price_per_1000
         assert price == Decimal(text.strip("'")) and str(price) == text.strip("'")
+
+
+def test_a_lease_ttl_past_what_lease_records_accept_is_refused_at_load_naming_the_key():
+    from seedance_tasks.lease import MAX_TTL_S
+
+    with pytest.raises(ConfigError) as info:
+        load_settings(None, environ={"SEEDANCE__STORAGE__LEASE_TTL": "30d"})
+    assert "storage.lease_ttl" in info.value.message
+    assert load_settings(None, environ={"SEEDANCE__STORAGE__LEASE_TTL": "7d"}).storage.lease_ttl == MAX_TTL_S
