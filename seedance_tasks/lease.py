@@ -429,7 +429,8 @@ def acquire(root: Location, name: str, *, holder: str, purpose: str, ttl_s: floa
             expiry = f"its lease to expire ({current.ttl_s:.0f} s after its last heartbeat)"
             raise LeaseHeldError(
                 f"{root.uri} is being written by another run: lease {where} is held by {current.describe()}",
-                hint=f"wait for it to finish (or pass --wait), or, if it died, for {expiry}",
+                hint=f"wait for it to finish and run again (a command with a --wait option can wait for it), or, if it "
+                     f"died, for {expiry}",
                 airflow_hint=f"Airflow retries this task after its retry delay: by then the other run may have "
                              f"finished or, if it died, {expiry}; if every retry is refused, clear the task "
                              "once the other run is done",
