@@ -185,6 +185,8 @@ def resolve(uri: str | os.PathLike[str]) -> Location:
             raise UsageError(f"{text!r} names host {parsed.netloc!r}; a file:// URI is a path on this machine",
                              hint=f"write file:///path (three slashes), e.g. file:///{parsed.netloc}{parsed.path}")
         text = unquote(parsed.path)  # RFC 8089: file URIs are percent-encoded
+        if not text:  # `file://` alone, or `file://localhost`: no path, never the current directory
+            raise UsageError(f"no path in {uri!s}", hint="write file:///path (three slashes and the path)")
     return Location(pafs.LocalFileSystem(), os.path.abspath(os.path.expanduser(text)), "file")
 
 

@@ -128,6 +128,13 @@ def test_an_empty_uri_is_refused_never_the_current_directory(uri):
         storage.resolve(uri)
 
 
+@pytest.mark.parametrize("uri", ["file://", "file://localhost"])
+def test_a_file_uri_without_a_path_is_refused_never_the_current_directory(uri, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UsageError, match="no path in"):
+        storage.resolve(uri)
+
+
 @pytest.mark.parametrize("section", [None, "compaction"])
 def test_a_bad_override_names_its_variable_and_a_bad_file_value_does_not(tmp_path, section):
     from seedance_tasks.config import load_section
