@@ -12,6 +12,9 @@ from seedance_tasks.units import ByteSize, Duration
 
 MAX_WORKERS = 1024
 """The most partitions compacted at once: each is a thread holding a row group in memory."""
+MAX_TARGET_FILE_SIZE = 5 * 1024**3
+"""The largest file compaction writes: S3 copies at most 5 GiB in one CopyObject, and a publish
+on S3 is a copy of the staged object (a larger one would fail at every roll-forward)."""
 
 
 class CompactionSettings(StrictModel):
@@ -47,6 +50,14 @@ class CompactionSettings(StrictModel):
     def _positive(cls, value: int | None) -> int | None:
         if value is not None and value <= 0:
             raise ValueError("must be a positive size such as 512MiB (a file of 0 bytes cannot hold a row)")
+        return value
+
+    @field_validator("target_file_size")
+    @classmethod
+    def _publishable(cls, value: int) -> int:
+        if value > MAX_TARGET_FILE_SIZE:
+            raise ValueError("must be at most 5GiB: S3 copies an object of at most 5 GiB in one request, "
+                             "and publishing a compacted file is such a copy (512MiB-1GiB suits most readers)")
         return value
 
     @model_validator(mode="after")

@@ -359,3 +359,11 @@ def test_a_lease_ttl_past_what_lease_records_accept_is_refused_at_load_naming_th
         load_settings(None, environ={"SEEDANCE__STORAGE__LEASE_TTL": "30d"})
     assert "storage.lease_ttl" in info.value.message
     assert load_settings(None, environ={"SEEDANCE__STORAGE__LEASE_TTL": "7d"}).storage.lease_ttl == MAX_TTL_S
+
+
+def test_a_target_file_size_s3_cannot_publish_is_refused_at_load_naming_the_key():
+    with pytest.raises(ConfigError) as info:
+        load_settings(None, environ={"SEEDANCE__COMPACTION__TARGET_FILE_SIZE": "6GiB"})
+    assert "compaction.target_file_size" in info.value.message and "5GiB" in info.value.message
+    assert load_settings(None, environ={"SEEDANCE__COMPACTION__TARGET_FILE_SIZE": "5GiB"}).compaction.target_file_size \
+        == 5 * 1024**3
