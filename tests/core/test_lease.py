@@ -95,11 +95,12 @@ def test_a_lease_name_cannot_leave_the_root(tmp_path):
         lease.acquire(storage.resolve(tmp_path), "../../etc/x", holder="a", purpose="x", ttl_s=60)
 
 
-def _race(uri: str, holder: str, start: float, queue) -> None:
-    time.sleep(max(0.0, start - time.time()))
+def _race(uri: str, holder: str, barrier, done, queue) -> None:
+    barrier.wait(120)  # every racer spawned (slow under load) before any tries
     try:
         lease.acquire(storage.resolve(uri), "dataset", holder=holder, purpose="race", ttl_s=60)
         queue.put(("won", holder))
+        done.wait(120)  # a lease dies with its process: the winner lives until every racer has tried
     except lease.LeaseHeldError:
         queue.put(("lost", holder))
 
@@ -111,17 +112,19 @@ def test_of_many_racing_writers_exactly_one_wins(root, stale_first):
         lease.acquire(root, "dataset", holder="run-dead", purpose="x", ttl_s=0.2)
         time.sleep(0.4)
     context = multiprocessing.get_context("spawn")
-    queue = context.Queue()
-    start = time.time() + 3.0
-    workers = [context.Process(target=_race, args=(root.uri, f"run-{i}", start, queue)) for i in range(8)]
+    queue, barrier, done = context.Queue(), context.Barrier(8), context.Event()
+    workers = [context.Process(target=_race, args=(root.uri, f"run-{i}", barrier, done, queue)) for i in range(8)]
     for worker in workers:
         worker.start()
-    outcomes = [queue.get(timeout=60) for _ in workers]
-    for worker in workers:
-        worker.join(30)
-    winners = [holder for verdict, holder in outcomes if verdict == "won"]
-    assert len(winners) == 1, outcomes
-    assert lease.current(root, "dataset").holder == winners[0]
+    try:
+        outcomes = [queue.get(timeout=120) for _ in workers]
+        winners = [holder for verdict, holder in outcomes if verdict == "won"]
+        assert len(winners) == 1, outcomes
+        assert lease.current(root, "dataset").holder == winners[0]
+    finally:
+        done.set()
+        for worker in workers:
+            worker.join(30)
 
 
 def test_a_holder_killed_mid_run_is_taken_over_after_its_ttl(tmp_path):
