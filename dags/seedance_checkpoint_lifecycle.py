@@ -9,7 +9,9 @@ monthly cost per tier before and after. Each run is collected and tiered under i
 (`run-<run>`, held by this DAG run: a retried task takes it back and finishes what its first
 attempt's journal left; another DAG run or the CLI is refused). **Dry run unless `apply`**: a run from the UI applies
 only when its `apply` box is ticked; a scheduled or asset-triggered run only if
-`lifecycle.apply_on_schedule`, a `checkpoint-bloat` fix if the signal's event says so.
+`lifecycle.apply_on_schedule`, a `checkpoint-bloat` fix if the signal's event says so (its
+`apply` is the JSON `true`). An event's fields are untrusted: a malformed store, run or target is
+left out and named in the report's `ignored_events`; a dry run's report says what apply `would` do.
 
 Runs nightly, on every stored checkpoint (an event on `seedance_checkpoint_store` from the
 checkpoint or training DAG: its store and runs) and on each `checkpoint-bloat` signal (its store

@@ -2,18 +2,41 @@
 
 from __future__ import annotations
 
+import json
+import logging
 from typing import Any
 
 from seedance_tasks.dag_support import fail_fast, run_settings, skip
+
+log = logging.getLogger(__name__)
+SHOWN = 50
+"""Items of a list an XCom carries at most (a summary); the full list goes to the task log."""
 
 SETTINGS_PARAMS = {"store": "store", "inbox": "inbox", "min_age": "inbox_min_age", "codec": "codec",
                    "keyframe_every": "keyframe_every"}
 """DAG param -> `checkpoint:` key: the run's settings are config's section, then these params."""
 
 
+def shown(items: list, what: str) -> list:
+    """The first `SHOWN` of `items` for an XCom (the metadata DB keeps every XCom: thousands of
+    skipped files or runs would bloat it); all of them, if there are more, logged one a line."""
+    if len(items) <= SHOWN:
+        return items
+    log.info("%d %s (the XCom shows the first %d):", len(items), what, SHOWN)
+    for item in items:
+        log.info("  %s", json.dumps(item, default=str, ensure_ascii=False))
+    return items[:SHOWN]
+
+
 def _settings(params: dict | None):
-    """The run's `checkpoint:` settings (config, then params); `lossy: none` turns config's off."""
+    """The run's `checkpoint:` settings (config, then params); `lossy: none` turns config's off.
+    UsageError for a `store` or `inbox` param that is a relative path."""
+    from seedance_tasks.checkpoint.catalog import check_store_uri
+
     params = params or {}
+    for name in ("store", "inbox"):  # relative: the worker's working folder, which nobody chose
+        if params.get(name):
+            check_store_uri(params[name], f"the `{name}` param")
     settings = run_settings("checkpoint", params, SETTINGS_PARAMS)
     if params.get("lossy"):
         settings.lossy = None if params["lossy"] == "none" else params["lossy"]
@@ -33,8 +56,13 @@ def scan_task(params: dict | None) -> dict[str, Any]:
     if missing:
         skip("no checkpoint " + " and no ".join(missing) + ": set the " + "/".join(missing)
              + " param(s), or " + ", ".join(f"checkpoint.{name}" for name in missing) + " in config/seedance.yaml")
+    if settings.store.startswith("s3://"):  # a misspelt bucket fails here, once, not in every mapped ingest
+        from seedance_tasks.checkpoint.catalog import existing_store
+
+        existing_store(settings.store)
     found = ingest.scan(settings.inbox, settings.inbox_min_age)
-    return {"items": found["ready"], "skipped": found["skipped"], "inbox": settings.inbox, "store": settings.store}
+    return {"items": found["ready"], "skipped": shown(found["skipped"], "inbox files skipped"),
+            "skipped_count": len(found["skipped"]), "inbox": settings.inbox, "store": settings.store}
 
 
 @fail_fast
@@ -59,12 +87,16 @@ def report_task(scanned: dict, results: list[dict], asset=None) -> dict[str, Any
     """One summary for the run: counts by status, bytes, ratio, problems (quarantined, conflicts).
 
     The event on `asset` (the store) carries the store URI, the runs and steps stored and the bytes.
+    Lists (skipped files, problems) are cut to their first `SHOWN`, with counts; all are logged.
     """
     from seedance_tasks.checkpoint import ingest
 
     results = list(results)
     summary = ingest.report(results)
     summary["skipped"] = scanned.get("skipped", [])
+    summary["skipped_count"] = scanned.get("skipped_count", len(summary["skipped"]))
+    summary["problems_count"] = len(summary["problems"])
+    summary["problems"] = shown(summary["problems"], "files quarantined or in conflict")
     summary["store"] = scanned.get("store")
     if asset is not None:
         from seedance_tasks.dag_support import announce

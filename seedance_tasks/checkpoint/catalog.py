@@ -53,6 +53,21 @@ def check_run_name(run: str) -> str:
     return run
 
 
+def check_store_uri(uri: object, what: str = "store") -> str:
+    """`uri` if it names a store the same way on every machine: an absolute local path,
+    `file:///...` or `s3://bucket/...`. UsageError naming `what` otherwise: a relative path would
+    resolve against the working folder of whichever process reads it (an Airflow worker's is not
+    the user's), so checkpoints would be written, or looked for, somewhere nobody chose."""
+    if not isinstance(uri, str) or not uri.strip():
+        raise UsageError(f"{what} {uri!r} is not a path or URI", hint="give an absolute path, file:///path or "
+                         "s3://bucket/prefix")
+    if "://" not in uri and not os.path.isabs(os.path.expanduser(uri)):
+        raise UsageError(f"{what} {uri!r} is a relative path: it would be taken from the working folder of the "
+                         "process that runs it, which is not yours", hint="give an absolute path, file:///path or "
+                         "s3://bucket/prefix")
+    return uri
+
+
 def _warn_link(where: str) -> None:
     if where not in _warned:
         _warned.add(where)
@@ -74,8 +89,20 @@ class DamagedManifestsError(IntegrityError):
 def existing_store(store_uri: str) -> Location:
     """The store at `store_uri`, if it is there: a local path that is not a folder (a mistyped
     --store, an unmounted disk) is a UsageError, not an empty store. An S3 prefix is not checked
-    (S3 cannot tell an empty prefix from a missing one). Saving creates a store; reading needs one."""
+    (S3 cannot tell an empty prefix from a missing one), but its bucket must exist: a misspelt or
+    deleted bucket is a UsageError, not a store with nothing to do. Saving creates a store;
+    reading needs one."""
     store = storage.resolve(store_uri)
+    if store.is_s3:
+        bucket = store.path.split("/", 1)[0]
+        try:
+            missing = store.fs.get_file_info(bucket).type == pafs.FileType.NotFound
+        except OSError:  # not allowed to ask (a policy granting only the prefix): the first read tells
+            missing = False
+        if missing:
+            raise UsageError(f"checkpoint store {store.uri}: bucket {bucket!r} does not exist",
+                             hint="check the bucket name in --store (or lifecycle.store / checkpoint.store) and "
+                             "the AWS account and endpoint it is read with")
     if not store.is_s3 and not os.path.isdir(store.path):
         what = "is a file, not a folder" if os.path.exists(store.path) else "does not exist"
         raise UsageError(f"checkpoint store {store.uri} {what}",

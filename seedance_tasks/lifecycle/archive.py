@@ -38,7 +38,7 @@ files under the store's trusted roots are ever named (a manifest naming others i
     from seedance_tasks.lifecycle.gc import load_lifecycle_settings
 
     settings = settings or load_lifecycle_settings()
-    store = storage.resolve(store_uri)
+    store = catalog.existing_store(store_uri)  # a mistyped --store is named as such, not as a missing run
     from seedance_tasks.checkpoint.store import resolve_step
 
     step = resolve_step(store, catalog.check_run_name(run), step)

@@ -85,6 +85,9 @@ def gc(
         ]
         if rows:
             console.print(table("to delete" if not res["applied"] else "deleted", ["run", "step", "kind", "tier", "size"], rows))
+        earlier = sum(p.get("earlier", {}).get("deleted", 0) for p in res["runs"])
+        if earlier:
+            console.print(f"of them, {earlier} by an interrupted earlier attempt, finished now", markup=False)
         if res["stray_files"]:
             console.print(f"{'moved' if res['applied'] else 'would move'} {res['stray_files']} file(s) of interrupted "
                           f"saves ({_size(res['stray_bytes'])}, named by no manifest) to the trash")

@@ -123,6 +123,25 @@ def _strays(store: Location, run: str, found: list[dict], now: datetime, min_age
             if item["mtime"] is not None and (now - item["mtime"]).total_seconds() >= min_age_s]
 
 
+def _finished_earlier(entries: list[journals.Journal]) -> dict:
+    """What the GC attempts of `entries` (`journaled.finished_earlier`) collected ({"deleted",
+    "bytes_freed", "stray_files", "stray_bytes"}, from their journals). An untrusted figure that is
+    not a count counts 0."""
+    found = {"deleted": 0, "bytes_freed": 0, "stray_files": 0, "stray_bytes": 0}
+    for entry in entries:
+        meta = entry.meta
+        figures = {"deleted": len(meta["steps"]) if isinstance(meta.get("steps"), list) else 0,
+                   "bytes_freed": meta.get("bytes_freed"), "stray_files": meta.get("strays"),
+                   "stray_bytes": meta.get("stray_bytes")}
+        for key, value in figures.items():
+            found[key] += value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
+    return found
+
+
+def _earlier(plan: dict, key: str) -> int:
+    return plan.get("earlier", {}).get(key, 0)
+
+
 def plan_run(store: Location, run: str, rules: policy.RetentionPolicy, now: datetime,
              roots: list[str] | None = None, stray_min_age_s: float = 86400) -> dict:
     """What GC would do to `run`: kept steps with reasons, garbage steps with bytes, and the files
@@ -189,7 +208,10 @@ def collect(
     """GC `runs` (default: every run) of the store; a dry run unless `apply`.
 
     Returns {"store", "applied", "runs": [...], "checkpoints_deleted", "bytes_freed", "cost":
-    {"before", "after", "saving"}, "trash_id", "recovered"}. Policy options (keep_last, keep_every,
+    {"before", "after", "saving"}, "trash_id", "recovered"}; the counts and bytes include what an
+    earlier attempt collected that no call reported: one killed past its point of no return
+    (finished by this call's recovery), or one of the same `holder` (Airflow's retry of a task
+    that did its work and failed before returning). The cost is measured by this call. Policy options (keep_last, keep_every,
     keep_best, metric, metric_mode, keep_tagged, min_age) override the config per call; a bad
     policy raises UsageError before anything is read. With `apply`, each run is collected under
     its lease, held as `holder` (default: this call's run id); LeaseHeldError if another holds it.
@@ -220,15 +242,18 @@ def collect(
             done(plan_run(store, run, rules[run], now, roots, settings.stray_min_age))
             continue
         with journaled.run_lease(store, run, holder, "checkpoint gc") as held:
-            recovered.extend(recover(store, run, roots))
+            earlier = recover(store, run, roots)
+            recovered.extend(earlier)
             plan = plan_run(store, run, rules[run], now, roots, settings.stray_min_age)
+            plan["earlier"] = _finished_earlier(journaled.finished_earlier(store, journaled.GC_KIND, run, holder, earlier))
             if plan["_garbage"] or plan["strays"]:
                 retires, external = _removal(store, plan["_garbage"])
                 retires += [item["rel"] for item in plan["strays"]]
                 entry = journals.Journal.begin(
                     store, journaled.new_id(journaled.GC_KIND, run), journaled.GC_KIND, [], retires,
                     meta={"run": run, "steps": [m["step"] for m in plan["_garbage"]],
-                          "strays": len(plan["strays"])},
+                          "strays": len(plan["strays"]), "bytes_freed": plan["bytes_freed"],
+                          "stray_bytes": plan["stray_bytes"], "holder": holder},
                     trash_id=trash_id, external=external, prune_empty_dirs=True,
                 )
                 held.check()  # the point of no return: only while the lease is still ours
@@ -241,11 +266,11 @@ def collect(
         "store": store.uri,
         "applied": apply,
         "runs": plans,
-        "checkpoints_deleted": sum(len(p["delete"]) for p in plans),
+        "checkpoints_deleted": sum(len(p["delete"]) + _earlier(p, "deleted") for p in plans),
         "checkpoints_kept": sum(len(p["kept"]) for p in plans),
-        "bytes_freed": sum(p["bytes_freed"] for p in plans),
-        "stray_files": sum(len(p["strays"]) for p in plans),
-        "stray_bytes": sum(p["stray_bytes"] for p in plans),
+        "bytes_freed": sum(p["bytes_freed"] + _earlier(p, "bytes_freed") for p in plans),
+        "stray_files": sum(len(p["strays"]) + _earlier(p, "stray_files") for p in plans),
+        "stray_bytes": sum(p["stray_bytes"] + _earlier(p, "stray_bytes") for p in plans),
         "cost": {"before": before, "after": after, "saving": costs.saving(before, after)},
         "trash_id": trash_id if apply else None,
         "trash": posixpath.join(store.uri, storage.TRASH_DIR) if apply else None,

@@ -19,7 +19,7 @@ from seedance_tasks import journal as journals
 from seedance_tasks import lease, storage
 from seedance_tasks.checkpoint import catalog
 from seedance_tasks.checkpoint.manifest import trusted_roots
-from seedance_tasks.errors import UsageError
+from seedance_tasks.errors import IntegrityError, UsageError
 from seedance_tasks.lifecycle.settings import TIERS, LifecycleSettings
 from seedance_tasks.storage import Location
 
@@ -59,6 +59,29 @@ def prefix(kind: str, run: str) -> str:
 def new_id(kind: str, run: str) -> str:
     """A journal id of a new attempt (never reused)."""
     return f"{prefix(kind, run)}{storage.new_run_id()}-{secrets.token_hex(4)}"
+
+
+def finished_earlier(store: Location, kind: str, run: str, holder: str, outcomes: list[dict]) -> list[journals.Journal]:
+    """The finished (`done`) journals of `kind` on `run` whose work the calling attempt reports as
+    its own, each once: those its recovery just finished (`outcomes` of `recover`: rolled forward
+    or closed) and those of earlier attempts of the same `holder` (Airflow's retry of a task that
+    did its work and failed before it could return its summary). Unreadable ones are skipped."""
+    wanted = {item["run_id"] for item in outcomes
+              if item.get("kind") == kind and item.get("action") in ("rolled forward", "closed")}
+    found = {}
+    start = prefix(kind, run)
+    for info in storage.list_files(store.child(journals.DONE_DIR), include_hidden=True):
+        name = info.path.rsplit("/", 1)[-1]
+        if not (name.startswith(start) and name.endswith(".json")):
+            continue
+        try:
+            entry = journals.load(store, info.path)
+        except IntegrityError:
+            continue
+        if entry.state == journals.DONE and entry.kind == kind and \
+                (entry.run_id in wanted or entry.meta.get("holder") == holder):
+            found[entry.run_id] = entry
+    return [found[key] for key in sorted(found)]
 
 
 def pending(store: Location, kind: str) -> list[journals.Journal]:

@@ -277,10 +277,11 @@ def _skip_reason(moves: list[dict]) -> str | None:
 
 
 def move_checkpoint(store: Location, manifest: dict, target: str, settings: LifecycleSettings, trash_id: str,
-                    roots: list[str] | None = None, held=None) -> dict:
+                    roots: list[str] | None = None, held=None, holder: str | None = None) -> dict:
     """Move one checkpoint's data files to `target` (see the module doc); returns what was done.
 
-    `held`: the run's lease, checked before the manifest switch (the point of no return).
+    `held`: the run's lease, checked before the manifest switch (the point of no return);
+    `holder`: its holder, recorded in the journal (a retry of the same holder reports the move).
     """
     roots = roots if roots is not None else journaled.roots(store, settings)
     run, step = manifest["run"], manifest["step"]
@@ -301,7 +302,7 @@ def move_checkpoint(store: Location, manifest: dict, target: str, settings: Life
     external = [{**m["src"], "delete": False} for m in moves if m["src"]["root"] != store.uri and not m["in_place"]]
     entry = journals.Journal.begin(
         store, journaled.new_id(journaled.TIER_KIND, run), journaled.TIER_KIND, [], retires,
-        meta={"run": run, "step": step, "id": manifest["id"], "target": target, "moves": moves},
+        meta={"run": run, "step": step, "id": manifest["id"], "target": target, "moves": moves, "holder": holder},
         trash_id=trash_id, external=external, prune_empty_dirs=True,
     )
     for move in moves:
@@ -395,6 +396,23 @@ def plan(store: Location, runs: list[str], settings: LifecycleSettings, now: dat
     return found, moves
 
 
+def _moved_earlier(store: Location, entries: list[journals.Journal], roots: list[str]) -> list[dict]:
+    """The moves of the tiering attempts of `entries` (`journaled.finished_earlier`) as `moves`
+    entries (`from` is not journaled: "earlier attempt"), for the checkpoints still where they put
+    them: a retry reports that work once, as its own, instead of finding nothing left to move."""
+    found = []
+    for entry in entries:
+        meta = entry.meta
+        try:
+            manifest = catalog.read_manifest(store, meta["run"], meta["step"], roots)
+        except (IntegrityError, KeyError, TypeError, ValueError, UsageError):
+            continue  # collected since, or a journal whose meta does not name a checkpoint
+        if manifest["id"] == meta.get("id") and meta.get("target") in TIERS:
+            found.append({"run": manifest["run"], "step": manifest["step"], "from": "earlier attempt",
+                          "to": meta["target"], "bytes": inventory.stored_bytes(manifest), "age_s": None})
+    return found
+
+
 def _moved(manifest: dict, target: str, settings: LifecycleSettings) -> dict:
     """The manifest as it will be on `target` (for the cost report of a dry run)."""
     spec = settings.tiers.spec(target)
@@ -470,6 +488,9 @@ def tier(
     holds it. A run whose tiering fails (a copy out of disk space, a bucket that does not exist)
     is rolled back at once and the other runs go on; then TieringFailedError names the failed
     runs, its `result` this report. `on_progress(done, total)` is called as runs are done.
+    `moves` includes what an earlier attempt moved that no call reported: one killed past its
+    point of no return (finished by this call's recovery), or one of the same `holder` (Airflow's
+    retry of a task that failed after its work).
     """
     from seedance_tasks.lifecycle.gc import load_lifecycle_settings
     from seedance_tasks.lifecycle.gc import recover as recover_run
@@ -512,12 +533,15 @@ def tier(
         with journaled.run_lease(store, run, holder, "checkpoint tiering") as held:
             move = run_found = None
             try:  # a failure is this run's: it is rolled back and the other runs go on
-                recovered.extend(recover_run(store, run, roots))
+                earlier = recover_run(store, run, roots)
+                recovered.extend(earlier)
+                moves.extend(_moved_earlier(
+                    store, journaled.finished_earlier(store, journaled.TIER_KIND, run, holder, earlier), roots))
                 run_found, run_moves = plan(store, [run], settings, now, usable, roots, damaged)
                 before.add(run_found)
                 for move in run_moves:
                     outcome = move_checkpoint(store, move.pop("_manifest"), move["to"], settings, trash_id, roots,
-                                              held)
+                                              held, holder)
                     if outcome["action"] == "moved":
                         moves.append(move)
                     else:
