@@ -13,17 +13,18 @@ Deadlines come from the working-day calendar (`workdays.py`, settings `cost.acti
 from __future__ import annotations
 
 import os
+import re
 import secrets
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, BeforeValidator, ConfigDict
 
 from seedance_tasks import storage
 from seedance_tasks.cost.budget_ledger import BudgetLedger, Entry, entry
-from seedance_tasks.cost.money import display, rounded
-from seedance_tasks.cost.workdays import Clock, WorkCalendar, close_instant, month_close
+from seedance_tasks.cost.money import display, parse_amount, rounded
+from seedance_tasks.cost.workdays import CURRENCY_RE, Clock, WorkCalendar, close_instant, month_close
 from seedance_tasks.errors import InputError, UsageError
 from seedance_tasks.notifiers import markdown_literal
 
@@ -63,13 +64,10 @@ def notify(out: str, key: str, owner: str, subject: str, message: str, details: 
            settings=None, owners: str | None = None) -> bool:
     """`Notifier.send` under a lease of the notification state (concurrent tasks of a run, e.g.
     two owners' confirmation tasks, never lose each other's outbox lines or keys). True if sent now."""
-    from seedance_tasks import lease
+    from seedance_tasks.cost.notify import state_lease
 
     settings = settings or _settings()
-    root = storage.resolve(out)
-    holder = f"notify:{os.getpid()}:{secrets.token_hex(4)}"
-    with lease.holding(root, "cost-notifications", holder=holder, purpose="owner notification",
-                       wait_s=settings.actions.lock_wait):
+    with state_lease(storage.resolve(out), settings.actions.lock_wait):
         return notifier_of(out, settings, owners).send(key, owner, subject, message, details)
 
 
@@ -116,8 +114,26 @@ class _Lenient(BaseModel):
     model_config = ConfigDict(extra="allow")
 
 
+def _amount(value: Any) -> Decimal:
+    """An amount as the recovery writes one (a decimal string, `money.parse_amount`: finite, below
+    10**18, at most 12 places); ValueError otherwise, which would break the rounding of a deduction."""
+    if not isinstance(value, str | int | Decimal) or isinstance(value, bool):
+        raise ValueError(f"not an amount: {value!r}")
+    return parse_amount(str(value))
+
+
+def _currency(value: Any) -> str:
+    if not isinstance(value, str) or not re.fullmatch(CURRENCY_RE, value):
+        raise ValueError(f"not a currency code: {value!r}")
+    return value
+
+
+Amount = Annotated[Decimal, BeforeValidator(_amount)]
+Currency = Annotated[str, BeforeValidator(_currency)]
+
+
 class _Currency(_Lenient):
-    by_owner: dict[str, Decimal]
+    by_owner: dict[str, Amount]
 
 
 class _Idle(_Lenient):
@@ -127,17 +143,18 @@ class _Idle(_Lenient):
 
 class _OverBudget(_Lenient):
     owner: str
-    spend: Decimal
-    budget: Decimal
-    currency: str
+    spend: Amount
+    budget: Amount
+    currency: Currency
     approved: bool = False
 
 
 class _PublishedMonth(_Lenient):
     """What the workflow reads of a month's `summary.json` (written by the cost recovery), checked:
-    the file is input like any other (a hand edit must be an error, not a crash)."""
+    the file is input like any other (a hand edit must be an error, not a crash): amounts as the
+    recovery writes them, currencies ISO 4217 codes."""
 
-    currencies: dict[str, _Currency]
+    currencies: dict[Currency, _Currency]
     idle: list[_Idle] = []
     over_budget: list[_OverBudget] = []
 

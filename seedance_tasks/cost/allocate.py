@@ -27,7 +27,7 @@ import pyarrow.compute as pc
 
 from seedance_tasks import storage
 from seedance_tasks.arrow_memory import reusing_memory
-from seedance_tasks.cost.ingest import CARRIED_MONEY, DICT, LINES, TS, nulls
+from seedance_tasks.cost.ingest import CARRIED_MONEY, DICT, LINES, TS, decode_text, nulls
 from seedance_tasks.cost.money import MONEY, ZERO, exact_sums, fmt, largest_remainder
 from seedance_tasks.cost.owners import (
     Match,
@@ -82,11 +82,11 @@ class Split:
 
 def _read_csv(uri: str) -> list[dict[str, str]]:
     """The rows of a usage CSV, keys and values stripped; ValueError naming the row if one has more
-    fields than the header (or the file is not UTF-8 text)."""
+    fields than the header (or the line if the file is not text: `ingest.decode_text`)."""
     location = storage.resolve(uri)
-    text = storage.read_bytes(location.fs, location.path).decode("utf-8-sig")
+    text = decode_text(storage.read_bytes(location.fs, location.path))
     rows = []
-    for number, row in enumerate(csv.DictReader(io.StringIO(text)), start=2):
+    for number, row in enumerate(csv.DictReader(io.StringIO(text, newline="")), start=2):
         if None in row:
             raise ValueError(f"row {number} has more fields than the header")
         rows.append({key.strip(): (value or "").strip() for key, value in row.items()})
@@ -108,12 +108,16 @@ def _unusable(text: str) -> str | None:
 
 
 def _usable_rows(rows: list[dict[str, str]], columns: list[str]) -> tuple[list[dict[str, str]], list[str]]:
-    """The usage rows whose `columns` all hold a finite number >= 0, and one note per other row
-    (`row N (owner 'x'): COLUMN VALUE is negative`), rows numbered as in the file (header: row 1).
+    """The usage rows with an owner whose `columns` all hold a finite number >= 0, and one note per
+    other row (`row N (owner 'x'): COLUMN VALUE is negative`, `row N: no owner`), rows numbered as
+    in the file (header: row 1): a row left out weighs nothing, nor counts in the column totals.
     KeyError for a missing column, ValueError for a value that is not a number (malformed file)."""
     kept, notes = [], []
     for number, row in enumerate(rows, start=2):
         problems = [f"{column} {row[column]!r} {why}" for column in columns if (why := _unusable(row[column]))]
+        if not row["owner"]:
+            notes.append(f"row {number}: no owner (each row names the owner its usage is charged to)")
+            continue
         if problems:
             notes.append(f"row {number} (owner {row.get('owner', '')!r}): {', '.join(problems)}")
         else:
@@ -292,7 +296,7 @@ class Attributor:
         info = self._tags.get(text)
         if info is None:
             try:
-                tags = parse_tags(text)
+                tags = parse_tags(text, self.keys)
                 malformed = False
             except ValueError:
                 tags, malformed = None, True

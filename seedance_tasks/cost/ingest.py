@@ -9,8 +9,10 @@ excluded). A malformed line never stops the run. Memory is bounded by the batch 
 
 from __future__ import annotations
 
+import codecs
 import csv
 import functools
+import hashlib
 import io
 import itertools
 import json
@@ -557,7 +559,58 @@ def billing_files(uri: str) -> list[tuple[storage.Location, str]]:
     files = [info for info in storage.list_files(location) if _is_billing(info.path)]
     if not files:
         raise InputError(f"no billing files (.csv, .csv.gz, .parquet) at {uri}", hint="check --billing")
+    _refuse_copies(location, files)
     return [(location, info.path) for info in files]
+
+
+def _refuse_copies(location: storage.Location, files: list) -> None:
+    """InputError naming both files when a billing folder holds one export twice, which would charge
+    every line of it twice: `x.csv` beside `x.csv.gz` (an archive and its unpacked copy), or two
+    files byte for byte the same (`focus (1).csv`, a second download) with data in them. Only files
+    of equal size are read (hashed) for it."""
+    hint = "remove the copy from the billing folder: Seedance reads every billing file in it"
+    names = {info.path.lower(): info.path for info in files}
+    for info in files:
+        twin = names.get(info.path.lower() + ".gz")
+        if twin is not None:
+            raise InputError(f"{location.relative(info.path)} and {location.relative(twin)} look like one export, "
+                             "unpacked and packed: each line would be charged twice", hint=hint)
+    by_size: dict[int, list[str]] = {}
+    for info in files:
+        by_size.setdefault(info.size, []).append(info.path)
+    for size, paths in by_size.items():
+        if len(paths) < 2 or not size:
+            continue
+        seen: dict[str, str] = {}
+        for path in paths:
+            digest = hashlib.sha256(storage.read_bytes(location.fs, path)).hexdigest() if size <= 1 << 26 else \
+                _streamed_digest(location.fs, path)
+            first = seen.setdefault(digest, path)
+            if first != path and _has_rows(location.fs, path):
+                raise InputError(f"{location.relative(first)} and {location.relative(path)} are the same file, byte "
+                                 f"for byte ({size:,} bytes): each line would be charged twice", hint=hint)
+
+
+def _streamed_digest(fs, path: str) -> str:
+    digest = hashlib.sha256()
+    with fs.open_input_stream(path) as stream:
+        while chunk := stream.read(1 << 24):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _has_rows(fs, path: str) -> bool:
+    """True unless the billing file at `path` plainly holds no line (a header-only CSV, a Parquet
+    file of 0 rows: parts of an export may be that, and alike)."""
+    try:
+        if is_parquet(path):
+            with fs.open_input_file(path) as handle:
+                return pq.ParquetFile(handle).metadata.num_rows > 0
+        with fs.open_input_stream(path, compression=_compression(path)) as stream:
+            head = stream.read(1 << 20)
+        return len([line for line in head.splitlines() if line.strip(b"\x00\r\n\t ")]) > 1
+    except (pa.ArrowInvalid, OSError):
+        return True  # unreadable: the reader names it
 
 
 def skipped_files(uri: str) -> list[str]:
@@ -591,19 +644,60 @@ def _csv_header(fs, path: str, source: str) -> list[str]:
     return _csv_head(fs, path, source)[0]
 
 
-def _csv_head(fs, path: str, source: str) -> tuple[list[str], str]:
-    """A CSV billing file's column names (see `_csv_header`) and its delimiter: of `DELIMITERS`, the
-    one that splits the header line into the most fields (`,` on a tie); InputError naming the file
-    when it has no header."""
+_BOMS = ((codecs.BOM_UTF32_LE, "utf-32"), (codecs.BOM_UTF32_BE, "utf-32"), (codecs.BOM_UTF8, "utf-8-sig"),
+         (codecs.BOM_UTF16_LE, "utf-16"), (codecs.BOM_UTF16_BE, "utf-16"))
+"""Byte-order marks and the Python codec that reads past them (UTF-32's first: it starts like UTF-16's)."""
+
+
+def text_encoding(head: bytes) -> str:
+    """The encoding of a CSV file that starts with `head`: the one its byte-order mark names
+    (UTF-8, UTF-16, UTF-32, as spreadsheets and Windows tools export), UTF-16 without one when
+    every other byte of the start is NUL (an ASCII header in UTF-16), else UTF-8."""
+    for bom, encoding in _BOMS:
+        if head.startswith(bom):
+            return encoding
+    pairs = head[:64]
+    if len(pairs) >= 4 and not any(pairs[1::2]) and all(pairs[0::2]):
+        return "utf-16-le"
+    if len(pairs) >= 4 and not any(pairs[0::2]) and all(pairs[1::2]):
+        return "utf-16-be"
+    return "utf-8-sig"
+
+
+def decode_text(data: bytes) -> str:
+    """A small CSV file's bytes as text, in its `text_encoding` (UTF-8, or the UTF-16/32 a byte-order
+    mark names); ValueError saying which line and byte offset is not text in it (`can't decode ...`)."""
+    encoding = text_encoding(data)
+    try:
+        return data.decode(encoding)
+    except UnicodeDecodeError as exc:
+        line = data[:exc.start].count(b"\n") + 1 if encoding == "utf-8-sig" else None
+        where = f"line {line}" if line else "the text"
+        raise ValueError(f"can't decode {where} as {encoding.removesuffix('-sig').upper()} (byte "
+                         f"0x{data[exc.start:exc.end].hex()} at byte offset {exc.start:,})") from None
+
+
+def _arrow_encoding(encoding: str) -> str:
+    """`encoding` as Arrow's CSV reader takes it: its own UTF-8 decoder (which skips a UTF-8 BOM) for
+    UTF-8, Python's codec (transcoding the stream) for the others."""
+    return "utf8" if encoding == "utf-8-sig" else encoding
+
+
+def _csv_head(fs, path: str, source: str) -> tuple[list[str], str, str]:
+    """A CSV billing file's column names (see `_csv_header`), its delimiter: of `DELIMITERS`, the
+    one that splits the header line into the most fields (`,` on a tie), and its `text_encoding`;
+    InputError naming the file when it has no header."""
     try:  # a `.gz` that is not gzip fails here, as an OSError (zlib's), not a storage error
         with fs.open_input_stream(path, compression=_compression(path)) as stream:
-            head = stream.read(1 << 16).decode("utf-8-sig", errors="replace")
+            raw = stream.read(1 << 16)
     except (pa.ArrowInvalid, OSError) as exc:
         if isinstance(exc, FileNotFoundError | PermissionError):
             raise
         raise unreadable_billing(source, exc) from None
+    encoding = text_encoding(raw)
+    head = raw.decode(encoding, errors="replace")
     try:
-        headers = {delimiter: next(csv.reader(io.StringIO(head), delimiter=delimiter), None) or []
+        headers = {delimiter: next(csv.reader(io.StringIO(head, newline=""), delimiter=delimiter), None) or []
                    for delimiter in DELIMITERS}
     except csv.Error as exc:
         raise unreadable_billing(source, exc) from None
@@ -612,7 +706,54 @@ def _csv_head(fs, path: str, source: str) -> tuple[list[str], str]:
     if not header or not any(name.strip() for name in header):
         raise InputError(f"{source}: empty file, no header line",
                          hint="a FOCUS CSV starts with a header naming its columns: " + ", ".join(REQUIRED))
-    return focus_names([name.strip() for name in header]), delimiter
+    return focus_names([name.strip() for name in header]), delimiter, encoding
+
+
+def _undecodable(fs, path: str, source: str, encoding: str, delimiter: str) -> InputError:
+    """The error for a CSV billing file with bytes that are not text in its `encoding`, naming the
+    file, the data row and the byte offset of the first such byte (in the decompressed text of a
+    `.gz`). Only on that failure: the file is streamed up to that byte, twice at most."""
+    decoder = codecs.getincrementaldecoder(encoding)("strict")
+    offset, found, byte = 0, None, b""
+    with fs.open_input_stream(path, compression=_compression(path)) as stream:
+        while found is None and (chunk := stream.read(1 << 20)):
+            pending = decoder.getstate()[0]
+            try:
+                decoder.decode(chunk)
+            except UnicodeDecodeError as exc:  # its positions count the bytes it held back too
+                found = offset - len(pending) + exc.start
+                byte = (pending + chunk)[exc.start:exc.end]
+            offset += len(chunk)
+    if found is None:
+        return unreadable_billing(source, ValueError(f"not {encoding} text"))
+    row = _data_row_at(fs, path, encoding, delimiter, found)
+    where = "the header line" if row == 0 else f"data row {row:,}"
+    return InputError(f"{source}: {where} is not {encoding.removesuffix('-sig').upper()} text (byte 0x{byte.hex()} "
+                      f"at byte offset {found:,}{' of the decompressed file' if _compression(path) else ''})",
+                      hint="export the file as UTF-8 (UTF-16 and UTF-8 with a byte-order mark are read as they "
+                      "are); to convert a Latin-1 or Windows-1252 export: iconv -f CP1252 -t UTF-8 FILE > NEW.csv")
+
+
+def _data_row_at(fs, path: str, encoding: str, delimiter: str, offset: int) -> int:
+    """The 1-based data row (0: the header) of the record holding the byte at `offset`, counting
+    records as the readers do (quoted newlines inside a record, empty lines none)."""
+    def lines() -> Iterator[str]:
+        decoder = codecs.getincrementaldecoder(encoding)("strict")
+        left, tail = offset, ""
+        with fs.open_input_stream(path, compression=_compression(path)) as stream:
+            while left and (chunk := stream.read(min(left, 1 << 20))):
+                left -= len(chunk)
+                *whole, tail = (tail + decoder.decode(chunk)).splitlines(keepends=True) or [""]
+                yield from whole
+        yield tail + "?"  # the bad record's start ("?": where the bad byte was, so it is a record)
+
+    records = 0
+    try:
+        for record in csv.reader(lines(), delimiter=delimiter):
+            records += bool(record)
+    except csv.Error:  # the bad byte was inside a quoted field: its record is the one cut short
+        records += 1
+    return records - 1
 
 
 OTHER_EXPORTS: list[tuple[str, tuple[frozenset[str], ...], str]] = [
@@ -657,12 +798,13 @@ def refuse_other_export(source: str, names: list[str]) -> None:
 def _csv_batches(fs, path: str, source: str, batch_rows: int, columns: list[str]) -> Iterator[dict[str, pa.Array]]:
     import pyarrow.csv as pacsv
 
-    header, delimiter = _csv_head(fs, path, source)
+    header, delimiter, encoding = _csv_head(fs, path, source)
     refuse_other_export(source, header)
     wanted = _wanted(source, header, columns)
     if not wanted:
         return
     stream = fs.open_input_stream(path, compression=_compression(path))
+    counted = _QuoteCount(stream) if encoding == "utf-8-sig" else None
 
     def joined(pending: list[pa.RecordBatch]) -> dict[str, pa.Array]:
         table = pa.Table.from_batches(pending).combine_chunks()
@@ -671,8 +813,9 @@ def _csv_batches(fs, path: str, source: str, batch_rows: int, columns: list[str]
     done = 0  # data rows yielded
     try:  # open_csv reads the first block already
         reader = pacsv.open_csv(
-            stream,
-            read_options=pacsv.ReadOptions(block_size=8 << 20, column_names=header, skip_rows=1, encoding="utf8"),
+            counted or stream,
+            read_options=pacsv.ReadOptions(block_size=8 << 20, column_names=header, skip_rows=1,
+                                           encoding=_arrow_encoding(encoding)),
             parse_options=pacsv.ParseOptions(delimiter=delimiter, newlines_in_values=True),
             convert_options=pacsv.ConvertOptions(
                 column_types={name: pa.string() for name in header},
@@ -690,15 +833,61 @@ def _csv_batches(fs, path: str, source: str, batch_rows: int, columns: list[str]
                 yield joined(pending)
                 done += size
                 pending, size = [], 0
+        if counted is not None and counted.quotes % 2:
+            _check_quotes_close(fs, path, source, encoding, delimiter)
         if pending:
             yield joined(pending)
         return
+    except UnicodeDecodeError:  # from Python's codec, transcoding for Arrow
+        raise _undecodable(fs, path, source, encoding, delimiter) from None
     except pa.ArrowInvalid as exc:
+        if "invalid UTF8" in str(exc):
+            raise _undecodable(fs, path, source, encoding, delimiter) from None
         if not _RAGGED.search(str(exc)):
             raise
     finally:
         stream.close()
-    yield from _csv_records(fs, path, source, batch_rows, header, wanted, delimiter=delimiter, skip=done)
+    yield from _csv_records(fs, path, source, batch_rows, header, wanted, delimiter=delimiter, skip=done,
+                            encoding=encoding)
+
+
+class _QuoteCount:
+    """A binary stream that counts the `"` bytes read through it (a UTF-8 CSV's quotes; for Arrow's
+    reader, which reads it in blocks): a well-formed CSV has an even number of them."""
+
+    def __init__(self, stream):
+        self.stream, self.quotes = stream, 0
+
+    def read(self, size: int = -1) -> bytes:
+        data = self.stream.read(size)
+        self.quotes += data.count(b'"')
+        return data
+
+    @property
+    def closed(self) -> bool:
+        return self.stream.closed
+
+    def close(self) -> None:
+        self.stream.close()
+
+
+def _check_quotes_close(fs, path: str, source: str, encoding: str, delimiter: str) -> None:
+    """InputError naming the file and data row when the CSV file ends inside a quoted field (a
+    download or export cut short there: Arrow's reader would take the rest of the file as that
+    field's value, silently); nothing when its odd count of quotes has another cause (a literal
+    `"` inside an unquoted field). Python's csv, strict, tells the two apart; one pass."""
+    records = 0
+    with fs.open_input_stream(path, compression=_compression(path)) as stream:
+        try:
+            for record in csv.reader(io.TextIOWrapper(stream, encoding=encoding, newline=""), delimiter=delimiter,
+                                     strict=True):
+                records += bool(record)
+        except csv.Error as exc:
+            if "unexpected end of data" not in str(exc):
+                return  # another irregularity, which Arrow's reader reads as it always has
+            raise InputError(f"{source}: data row {records:,} opens a quoted field that never closes: the file "
+                             "ends inside it, as a download or export cut short does",
+                             hint="download or export the file again (compare its size with the source's)") from None
 
 
 _RAGGED = re.compile(r"CSV parse error: Expected \d+ columns, got \d+")
@@ -715,7 +904,7 @@ class RawColumns(dict):
 
 
 def _csv_records(fs, path: str, source: str, batch_rows: int, header: list[str], wanted: list[str], *,
-                 delimiter: str, skip: int) -> Iterator[RawColumns]:
+                 delimiter: str, skip: int, encoding: str = "utf-8-sig") -> Iterator[RawColumns]:
     """The rows of a CSV billing file after its first `skip` data rows, record by record (Python's
     csv, slower than Arrow's reader), for a file with a row of more or fewer fields than the header:
     such a row comes as nulls, in `known`, so it is rejected with its row number and the others go on.
@@ -724,7 +913,7 @@ def _csv_records(fs, path: str, source: str, batch_rows: int, header: list[str],
     nulls_ = set(NULL_STRINGS)
     try:
         with fs.open_input_stream(path, compression=_compression(path)) as stream:
-            text = io.TextIOWrapper(stream, encoding="utf-8-sig", newline="")
+            text = io.TextIOWrapper(stream, encoding=encoding, newline="")
             records = (record for record in csv.reader(text, delimiter=delimiter) if record)
             for _ in itertools.islice(records, skip + 1):  # the header, then the rows already read
                 pass
@@ -739,8 +928,11 @@ def _csv_records(fs, path: str, source: str, batch_rows: int, header: list[str],
                         column.append(None if value is None or value in nulls_ else value)
                 yield RawColumns({name: pa.array(column, pa.string()) for name, column in zip(wanted, values,
                                                                                                strict=True)}, known)
-    except (UnicodeDecodeError, csv.Error) as exc:
+    except UnicodeDecodeError:
+        raise _undecodable(fs, path, source, encoding, delimiter) from None
+    except csv.Error as exc:
         raise unreadable_billing(source, exc) from None
+    _check_quotes_close(fs, path, source, encoding, delimiter)  # this slow path reads the file twice
 
 
 def _is_text(kind: pa.DataType) -> bool:
@@ -761,14 +953,15 @@ def as_json_text(values: pa.Array) -> pa.Array:
 
 
 def _tags_reader(source: str, schema: pa.Schema) -> Any:
-    """How to read a Parquet file's Tags column: None as text, `as_json_text` for a map or struct;
-    InputError naming the file, column and type for any other type."""
+    """How to read a Parquet file's Tags column: None as text (or as the nulls of a column of type
+    null: an export whose lines are all untagged), `as_json_text` for a map or struct; InputError
+    naming the file, column and type for any other type."""
     if "Tags" not in schema.names:
         return None
     kind = schema.field("Tags").type
     if pa.types.is_dictionary(kind):
         kind = kind.value_type
-    if _is_text(kind):
+    if _is_text(kind) or pa.types.is_null(kind):
         return None
     if pa.types.is_map(kind) or pa.types.is_struct(kind):
         return as_json_text

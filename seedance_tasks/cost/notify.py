@@ -17,6 +17,10 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
+import secrets
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +36,23 @@ from seedance_tasks.storage import Location
 
 if TYPE_CHECKING:
     from seedance_tasks.cost.owners import Contact, OwnersFile
+
+
+NOTIFICATIONS_LEASE = "cost-notifications"
+
+
+@contextmanager
+def state_lease(root: Location, wait_s: float) -> Iterator[None]:
+    """Hold the lease of the notification state (`notified.json`, the outbox, the quota ledger) on
+    the cost outputs `root` for the block, waiting up to `wait_s` for another writer: each loads
+    these files, then writes them back whole, so two writers at once would lose each other's
+    entries (and resend what was sent, or drop an outbox line). Every writer takes it: the
+    recovery's rules stage and each step of the actions workflow."""
+    from seedance_tasks import lease
+
+    holder = f"notify:{os.getpid()}:{secrets.token_hex(4)}"
+    with lease.holding(root, NOTIFICATIONS_LEASE, holder=holder, purpose="owner notification", wait_s=wait_s):
+        yield
 
 
 class Ledger:

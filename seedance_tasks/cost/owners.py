@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import posixpath
 import re
+from collections.abc import Collection
 from datetime import UTC, date, datetime
 from decimal import Decimal
 from pathlib import Path
@@ -85,8 +86,19 @@ def currency_code(value):
 
 
 def _owner_keys(value):
-    """A mapping keyed by owner names (budgets, contacts, approvers) with its keys as `owner_name` gives them."""
-    return {owner_name(key): item for key, item in value.items()} if isinstance(value, dict) else value
+    """A mapping keyed by owner names (budgets, contacts, approvers) with its keys as `owner_name` gives
+    them; ValueError naming both when two keys are one owner once spaces are dropped (`a`, `" a "`):
+    either one silently replacing the other would be wrong."""
+    if not isinstance(value, dict):
+        return value
+    out: dict = {}
+    given: dict = {}
+    for key, item in value.items():
+        name = owner_name(key)
+        if name in out:
+            raise ValueError(f"owners {given[name]!r} and {key!r} are the same owner, {name!r}: give it once")
+        out[name], given[name] = item, key
+    return out
 
 
 def _check_dates(rule):
@@ -242,24 +254,26 @@ def _unique_ids(uri: str, kind: str, rules: list) -> None:
         seen.add(rule.id)
 
 
-def parse_tags(text: str | None) -> dict[str, str] | None:
+def parse_tags(text: str | None, owner_keys: Collection[str] = ()) -> dict[str, str] | None:
     """Tags of a billing line: a JSON object (FOCUS), or one without braces (Azure EA); None if absent.
 
-    Values are strings, null (as "") or numbers (as their JSON text). A key repeated with another
-    value is kept as another spelling of it (spaces added, which `norm_key` drops), so the
-    disagreement is a tag conflict, not a silent last-one-wins. Raises ValueError for text that is
-    not such an object.
+    Values are what FOCUS's key-value format allows: strings, null (as ""), numbers and true/false
+    (as their JSON text), except that a true/false under one of `owner_keys` (`norm_key` form) names
+    no owner. A key repeated with another value is kept as another spelling of it (spaces added,
+    which `norm_key` drops), so the disagreement is a tag conflict, not a silent last-one-wins.
+    Raises ValueError for text that is not such an object, for an object or list value, and for a
+    true/false owner tag.
     """
     if text is None or not text.strip():
         return None
     body = text.strip()
     try:
         value = json.loads(body if body.startswith("{") else "{" + body + "}", object_pairs_hook=_repeated_keys)
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, RecursionError):  # nested deeper than Python's stack: no tags either
         raise ValueError(f"tags are not a JSON object: {text[:80]!r}") from None
     if not isinstance(value, dict):
         raise ValueError(f"tags are not a JSON object: {text[:80]!r}")
-    return {str(key): _tag_value(key, item, text) for key, item in value.items()}
+    return {str(key): _tag_value(key, item, text, owner_keys) for key, item in value.items()}
 
 
 def _repeated_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
@@ -272,14 +286,17 @@ def _repeated_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
     return out
 
 
-def _tag_value(key: str, item, text: str) -> str:
-    """A tag's value as text: a string as it is, null as "", a number as its JSON text; an object,
-    a list or true/false is no tag value (ValueError: the line's tags are malformed)."""
+def _tag_value(key: str, item, text: str, owner_keys: Collection[str] = ()) -> str:
+    """A tag's value as text: a string as it is, null as "", a number or true/false as its JSON
+    text; an object or a list is no tag value, nor is true/false under an owner key (ValueError:
+    the line's tags are malformed)."""
     if item is None:
         return ""
     if isinstance(item, str):
         return item
-    if isinstance(item, int | float) and not isinstance(item, bool):
+    if isinstance(item, bool) and norm_key(key) in owner_keys:
+        raise ValueError(f"owner tag {key!r} is {json.dumps(item)}, not an owner name: {text[:80]!r}")
+    if isinstance(item, int | float):
         return json.dumps(item)
     raise ValueError(f"tag {key!r} has a {type(item).__name__} value, not a string: {text[:80]!r}")
 

@@ -53,7 +53,7 @@ from seedance_tasks.cost.ingest import (
     rounded_amounts,
     source_of,
 )
-from seedance_tasks.cost.money import SCALE, exact, fmt
+from seedance_tasks.cost.money import SCALE, exact, fmt, parse_amount
 from seedance_tasks.cost.owners import load_owners
 from seedance_tasks.errors import InputError, IntegrityError, SeedanceError, UsageError
 
@@ -373,7 +373,7 @@ def rules_stage(data: dict[str, Any], *, tagger=None) -> dict[str, Any]:
     storage.write_json_atomic(job.root.fs, job.work_path("rules.json"), {"idle": idle, "over_budget": budgets})
     actions = rules.act(month=job.month, idle=idle, active=active, budgets=budgets, settings=settings,
                         state=storage.resolve(job.state), apply=job.apply, backfill=job.backfill, tagger=tagger,
-                        owners=owners)
+                        owners=owners, root=job.root)
     return {"idle": len(idle), "over_budget": [item["owner"] for item in budgets], "actions": actions}
 
 
@@ -656,12 +656,13 @@ def report_stage(data: dict[str, Any]) -> dict[str, Any]:
 
 def _trend_point(root: storage.Location, path: str, month: str) -> dict[str, Any] | None:
     """An earlier month's published summary.json as the report's trend reads it (`month` and each
-    currency's `unallocated`), or None if it is not one (an unreadable or hand-edited file must not
-    stop this month's report: that month is left out of the trend)."""
+    currency's `unallocated`, an amount as `money.parse_amount` reads one: finite, below 10**18), or
+    None if it is not one (an unreadable or hand-edited file must not stop this month's report:
+    that month is left out of the trend)."""
     try:
         earlier = storage.read_json(root.fs, path)
         currencies = earlier["currencies"]
-        points = {currency: {"unallocated": fmt(Decimal(str(entry["unallocated"])))}
+        points = {currency: {"unallocated": fmt(parse_amount(str(entry["unallocated"])))}
                   for currency, entry in currencies.items()}
     except (OSError, ValueError, TypeError, KeyError, AttributeError, ArithmeticError):
         return None

@@ -24,6 +24,11 @@ def _ranked(values: dict[str, str], top: int = TOP) -> tuple[list[tuple[str, Dec
     return sorted(shown, key=lambda item: (-item[1], item[0])), len(items) - len(nonzero), len(nonzero) - len(shown)
 
 
+def _over(finding: dict[str, Any]) -> str:
+    """An over-budget finding's excess: `+12.5%`, or a dash for a zero budget (no percentage of it)."""
+    return "\u2014" if finding.get("over_percent") is None else f"+{finding['over_percent']}%"
+
+
 def bar_chart(title: str, items: list[tuple[str, Decimal]], currency: str, *, zero: int = 0, more: int = 0) -> str:
     """A titled horizontal bar chart (inline SVG) of labelled amounts, negatives left of the axis in red;
     a note says how many zero amounts and how many smaller ones are not drawn."""
@@ -88,7 +93,7 @@ def render_report(summary: dict[str, Any], trend: list[dict[str, Any]]) -> str:
         rows = "".join(
             f"<tr><td>{escape(item['owner'])}</td><td>{escape(display(Decimal(item['spend']), item['currency']))}</td>"
             f"<td>{escape(display(Decimal(item['budget']), item['currency']))}</td>"
-            f"<td>+{escape(str(item['over_percent']))}%</td><td>{'yes' if item['approved'] else 'no'}</td></tr>"
+            f"<td>{escape(_over(item))}</td><td>{'yes' if item['approved'] is True else 'no'}</td></tr>"
             for item in summary["over_budget"]
         )
         sections.append("<h2>Over budget</h2><table><tr><th>owner</th><th>spend</th><th>budget</th><th>over</th>"

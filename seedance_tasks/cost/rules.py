@@ -17,8 +17,9 @@ from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from seedance_tasks import storage
-from seedance_tasks.cost.money import fmt
-from seedance_tasks.cost.notify import Ledger, Notifier
+from seedance_tasks.cost.ingest import decode_text
+from seedance_tasks.cost.money import display, fmt
+from seedance_tasks.cost.notify import Ledger, Notifier, state_lease
 from seedance_tasks.cost.owners import OwnersFile
 from seedance_tasks.errors import InputError
 
@@ -97,13 +98,16 @@ def read_utilization(uri: str) -> tuple[dict[str, dict[date, Datapoint]], dict[s
     """
     location = storage.resolve(uri)
     try:
-        text = storage.read_bytes(location.fs, location.path).decode("utf-8-sig")
+        text = decode_text(storage.read_bytes(location.fs, location.path))
     except (FileNotFoundError, OSError) as exc:
         raise InputError(f"utilization file not readable: {uri} ({exc})", hint="check --utilization") from None
+    except ValueError as exc:
+        raise InputError(f"utilization file {uri}: {exc}", hint="save it as UTF-8 text (UTF-16 with a byte-order "
+                         "mark is read too)") from None
     points: dict[str, dict[date, Datapoint]] = defaultdict(dict)
     attributes: dict[str, dict[str, str]] = {}
     try:
-        for number, row in enumerate(csv.DictReader(io.StringIO(text)), start=1):
+        for number, row in enumerate(csv.DictReader(io.StringIO(text, newline="")), start=1):
             try:
                 resource, day, point, attrs = _utilization_row(row)
             except ValueError as exc:
@@ -184,6 +188,13 @@ def budget_findings(
     return findings
 
 
+def over_text(finding: dict[str, Any]) -> str:
+    """How far over its budget an over-budget finding is, as a person reads it: ` (+12.5%)`, or
+    nothing for a zero budget (no percentage of it)."""
+    over = finding.get("over_percent")
+    return "" if over is None else f" (+{over}%)"
+
+
 def next_month(month: str) -> str:
     year, number = int(month[:4]), int(month[5:7])
     return f"{year + number // 12}-{number % 12 + 1:02d}"
@@ -227,12 +238,15 @@ class Tagger:
 def act(
     *, month: str, idle: list[dict[str, Any]], active: list[str], budgets: list[dict[str, Any]],
     settings, state: storage.Location, apply: bool, backfill: bool, tagger: Tagger | None = None,
-    owners: OwnersFile | None = None,
+    owners: OwnersFile | None = None, root: storage.Location | None = None,
 ) -> dict[str, Any]:
     """Carry out (apply) or plan (dry-run) the findings' side effects; nothing at all in a backfill.
 
     Idempotent: a resource already tagged is not tagged or notified again; a quota already
-    frozen for that month is not frozen or notified again. Returns what was done and planned.
+    frozen for that month is not frozen or notified again. The notification state and the quota
+    ledger are written under `notify.state_lease` on `root` (the cost outputs root; default
+    `state`), so the actions workflow notifying at the same time loses nothing. Returns what was
+    done and planned.
     """
     actions: dict[str, Any] = {"mode": "backfill" if backfill else "apply" if apply else "dry-run",
                                "tagged": [], "untagged": [], "frozen": [], "notified": [], "planned": [],
@@ -249,7 +263,7 @@ def act(
             + [f"freeze {item['owner']}'s quota for {next_month(month)}" for item in freeze]
         )
         return actions
-    notifier = Notifier(state, settings.notifier, settings.notifier_kwargs, owners=owners)
+    failed: dict[str, str] = {}
     if arns or active:
         tagger = tagger or Tagger(settings.review_tag_key, settings.review_tag_value)
         tagged_now = tagger.pending()
@@ -260,14 +274,26 @@ def act(
         actions["failed"] = failed
         actions["tagged"] = [arn for arn in to_tag if arn not in failed]
         actions["untagged"] = [arn for arn in to_untag if arn not in failed]
-        for arn in actions["untagged"]:
-            notifier.forget(f"idle:{arn}")
-        owners = {item["resource_id"]: item.get("owner") or item.get("owner_hint") or "unallocated" for item in idle}
+    if not (arns or actions["untagged"] or freeze):
+        return actions
+    with state_lease(root or state, settings.actions.lock_wait):
+        _record_and_notify(actions, month=month, idle=idle, arns=[arn for arn in arns if arn not in failed],
+                           freeze=freeze, settings=settings, state=state, owners=owners)
+    return actions
+
+
+def _record_and_notify(actions: dict[str, Any], *, month: str, idle: list[dict[str, Any]], arns: list[str],
+                       freeze: list[dict[str, Any]], settings, state: storage.Location,
+                       owners: OwnersFile | None) -> None:
+    """`act`'s writes to the notification state and the quota ledger (under their lease)."""
+    notifier = Notifier(state, settings.notifier, settings.notifier_kwargs, owners=owners)
+    for arn in actions["untagged"]:
+        notifier.forget(f"idle:{arn}")
+    if arns:
+        owner_of = {item["resource_id"]: item.get("owner") or item.get("owner_hint") or "unallocated" for item in idle}
         for arn in arns:
-            if arn in failed:
-                continue
             sent = notifier.send(
-                f"idle:{arn}", owners[arn], f"Idle resource {arn} flagged for cost review",
+                f"idle:{arn}", owner_of[arn], f"Idle resource {arn} flagged for cost review",
                 f"{arn} had CPU below {settings.idle_cpu_percent}% and no network traffic on each of the last "
                 f"{settings.idle_days} days of {month}; it is tagged {settings.review_tag_key}="
                 f"{settings.review_tag_value}. Stop it, or use it: the tag goes away once it is active.",
@@ -286,14 +312,13 @@ def act(
             actions["frozen"].append(key)
         sent = notifier.send(
             f"budget:{item['owner']}:{month}", item["owner"], f"Over budget in {month}: {target} quota frozen",
-            f"{item['owner']} spent {item['spend']} {item['currency']} in {month} against a budget of "
-            f"{item['budget']} (+{item['over_percent']}%). The {target} quota is frozen until an ROI document "
-            "is approved.",
+            f"{item['owner']} spent {display(item['spend'], item['currency'])} in {month} against a budget of "
+            f"{display(item['budget'], item['currency'])}{over_text(item)}. The {target} quota is frozen until an "
+            "ROI document is approved.",
             {"month": month, **item},
         )
         if sent:
             actions["notified"].append(f"budget:{item['owner']}:{month}")
-    return actions
 
 
 def instance_id(resource_id: str) -> str | None:

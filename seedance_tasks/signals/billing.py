@@ -76,7 +76,7 @@ class EgressJump:
                     continue
                 if moved is None or abs(moved) >= settings.egress_requests_max_change_percent:
                     continue
-                at_stake = dollars((now - before) * 30 / WINDOW)
+                at_stake = dollars((now - before) * 30 / WINDOW, currency)
                 findings.append(Finding(
                     self.id, f"{service}", severity_for(at_stake, settings),
                     f"{service}: data transfer out {jump:.0f}% up in four weeks while requests moved {moved:.1f}%: "
@@ -124,13 +124,13 @@ class IdleProvisionedIops:
                 if share >= settings.idle_iops_percent:
                     continue
                 monthly = sum(days.values(), Decimal(0)) * 30 / len(days)
-                at_stake = dollars(monthly * (1 - share / HUNDRED))
+                at_stake = dollars(monthly * (1 - share / HUNDRED), currency)
                 findings.append(Finding(
                     self.id, resource, severity_for(at_stake, settings),
                     f"{resource}: {measured[resource]:.0f} IOPS measured of {provisioned:.0f} provisioned "
                     f"({share:.1f}%): lower the provisioned IOPS",
                     {"provisioned_iops": round(provisioned, 1), "measured_iops": round(measured[resource], 1),
-                     "share_percent": round(float(share), 2), "monthly_piops_cost": str(dollars(monthly))},
+                     "share_percent": round(float(share), 2), "monthly_piops_cost": str(dollars(monthly, currency))},
                     at_stake, currency,
                 ))
         return findings
@@ -176,13 +176,13 @@ class IdleVcpuSpend:
                 monthly = now * 30 / 7
                 evidence = {"cpu_percent": float(util), "spend_last_7d": str(now), "spend_prior_7d": str(before),
                             "rise_percent": round(float(rise), 1), "vcpus": len(entry["cpus"])}
-                at_stake = dollars(monthly * (1 - util / settings.target_cpu_percent))
+                at_stake = dollars(monthly * (1 - util / settings.target_cpu_percent), currency)
                 advice = "right-size it"
                 fitting = _cheaper_size(entry["type"], len(entry["cpus"]), util, settings)
                 if fitting:
                     name, size, current = fitting
                     evidence.update({"instance_type": entry["type"], "cheaper_fit": name, "cheaper_vcpus": size.vcpus})
-                    at_stake = dollars((current.hourly - size.hourly) * 730)
+                    at_stake = dollars((current.hourly - size.hourly) * 730, currency)
                     advice = f"{entry['type']} -> {name} fits"
                 findings.append(Finding(
                     self.id, resource, severity_for(at_stake, settings),
@@ -237,7 +237,7 @@ class CostSurge:
                     usage_today = used.get(day, 0.0)
                     if usage_median > 0 and usage_today > usage_median * (1 + float(settings.surge_usage_percent) / 100):
                         continue  # the usage rose too: a business peak, not a leak
-                    at_stake = dollars((today - median) * 30)
+                    at_stake = dollars((today - median) * 30, currency)
                     findings.append(Finding(
                         self.id, f"{dimension}={name}", severity_for(at_stake, settings),
                         f"{dimension} {name}: {display(today, currency)} on {day} against a median of "
@@ -270,7 +270,7 @@ class UnallocatedShare:
             if share <= settings.unallocated_percent:
                 continue
             month = f"{day:%Y-%m}"
-            at_stake = dollars(unowned * 30 / day.day)
+            at_stake = dollars(unowned * 30 / day.day, currency)
             findings.append(Finding(
                 self.id, f"{month}:{currency}", severity_for(at_stake, settings),
                 f"{share:.1f}% of {month}'s spend has no owner: tag it or add a CMDB rule",

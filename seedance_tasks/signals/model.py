@@ -9,8 +9,10 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from datetime import date
-from decimal import ROUND_HALF_UP, Decimal
+from decimal import Decimal
 from typing import Any, Protocol
+
+from seedance_tasks.cost.money import rounded
 
 SEVERITIES = ("info", "warning", "critical")
 
@@ -19,10 +21,10 @@ class Skipped(Exception):
     """A rule cannot run tonight; the message says why (an input or a metric is missing)."""
 
 
-def dollars(value: Any) -> Decimal:
-    """Money at 2 places (half up), from a Decimal, int, str or float."""
-    amount = value if isinstance(value, Decimal) else Decimal(str(value))
-    return amount.quantize(Decimal("0.01"), rounding=ROUND_HALF_UP)
+def dollars(value: Any, currency: str | None = "USD") -> Decimal:
+    """Money in `currency` rounded as `cost.money.rounded` rounds it (half up, to the currency's minor
+    unit: 2 places for USD, 0 for JPY, 3 for KWD), from a Decimal, int, str or float."""
+    return rounded(value if isinstance(value, Decimal) else Decimal(str(value)), currency)
 
 
 @dataclass
@@ -50,11 +52,11 @@ class Finding:
         return f"{self.signal}:{self.key}"
 
     def to_json(self) -> dict[str, Any]:
-        """A JSON-able dict: money as a string with 2 places."""
+        """A JSON-able dict: money as a string to its currency's minor unit (`dollars`)."""
         out = asdict(self)
         out.pop("extra")
         out["id"] = self.id
-        out["at_stake"] = str(dollars(self.at_stake))
+        out["at_stake"] = str(dollars(self.at_stake, self.currency))
         return out
 
     @classmethod

@@ -74,7 +74,7 @@ def _owners(tags: pa.Array, keys: list[str]) -> pa.Array:
         out = []
         for text in values.to_pylist():
             try:
-                parsed = parse_tags(text)
+                parsed = parse_tags(text, wanted)
             except ValueError:  # malformed tags name no owner (`seedance cost recover` lists the rows)
                 parsed = None
             out.append(tag_owner(parsed, wanted)[0])
