@@ -187,7 +187,8 @@ def fail_fast(func: F | None = None, *, retry_on: tuple[type[BaseException], ...
     data a retry cannot fix), with the same one-line `message` + `hint` the CLI prints. Retryable
     ones (a SeedanceError with `retryable`, transient storage/network errors: OSError, S3
     endpoint down or frozen, timeouts; and the `retry_on` types) are re-raised for Airflow to
-    retry. An error with an `airflow_hint` (its hint names a CLI flag) shows that one instead.
+    retry. Inside it a relative local path is refused (`storage.absolute_paths_only`: the
+    worker's working folder is nobody's choice). An error with an `airflow_hint` (its hint names a CLI flag) shows that one instead.
     The traceback stays in the task log (logged here, and chained to the failure).
     Use as `@fail_fast` or `@fail_fast(retry_on=(RuntimeError,))`.
     """
@@ -196,8 +197,11 @@ def fail_fast(func: F | None = None, *, retry_on: tuple[type[BaseException], ...
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from seedance_tasks.storage import absolute_paths_only
+
         try:
-            return func(*args, **kwargs)
+            with absolute_paths_only("an Airflow task"):
+                return func(*args, **kwargs)
         except Exception as exc:
             from airflow.sdk.exceptions import (
                 AirflowFailException,

@@ -9,12 +9,14 @@ visible file: old data goes to `<root>/_seedance/trash/<run-id>/`, bad data to
 
 from __future__ import annotations
 
+import contextvars
 import json
 import os
 import posixpath
 import secrets
 import stat
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -164,6 +166,21 @@ def boto3_client(service: str, s3_settings=None):
     )
 
 
+_ABSOLUTE_ONLY: contextvars.ContextVar[str | None] = contextvars.ContextVar("seedance_absolute_only", default=None)
+
+
+@contextmanager
+def absolute_paths_only(where: str) -> Iterator[None]:
+    """Within the block (this thread), `resolve` refuses a relative local path, naming `where`:
+    in an Airflow task it would resolve against the worker's working folder, which nobody chose
+    (a form's `lake` would become `/opt/airflow/lake` on one worker and something else on the next)."""
+    token = _ABSOLUTE_ONLY.set(where)
+    try:
+        yield
+    finally:
+        _ABSOLUTE_ONLY.reset(token)
+
+
 def resolve(uri: str | os.PathLike[str]) -> Location:
     """The Location of `uri`: a local path, `file:///abs/path` (percent-decoded), or `s3://bucket/key`."""
     text = os.fspath(uri)
@@ -187,7 +204,12 @@ def resolve(uri: str | os.PathLike[str]) -> Location:
         text = unquote(parsed.path)  # RFC 8089: file URIs are percent-encoded
         if not text:  # `file://` alone, or `file://localhost`: no path, never the current directory
             raise UsageError(f"no path in {uri!s}", hint="write file:///path (three slashes and the path)")
-    return Location(pafs.LocalFileSystem(), os.path.abspath(os.path.expanduser(text)), "file")
+    local = os.path.expanduser(text)
+    if (where := _ABSOLUTE_ONLY.get()) is not None and not os.path.isabs(local):
+        raise UsageError(f"{text!r} is a relative path: {where} would take it from its working folder "
+                         f"({os.getcwd()}), which is not one you chose",
+                         hint="give an absolute path, file:///path or s3://bucket/prefix")
+    return Location(pafs.LocalFileSystem(), os.path.abspath(local), "file")
 
 
 def is_hidden(relative_path: str) -> bool:

@@ -218,3 +218,23 @@ def test_a_lease_held_in_an_airflow_task_says_what_airflow_does_not_a_cli_flag(t
         assert "60 s after its last heartbeat" in task.value.hint and "airflow:other:run" in task.value.message
     finally:
         held.release()
+
+
+def test_a_relative_path_in_an_airflow_task_is_refused_naming_the_working_folder(tmp_path, monkeypatch):
+    """A form's `lake` would resolve against whichever worker runs the task; outside a task the
+    CLI still takes relative paths from the user's own working folder."""
+    from seedance_tasks import storage
+    from seedance_tasks.dag_support import fail_fast
+
+    monkeypatch.chdir(tmp_path)
+
+    @fail_fast
+    def task(uri):
+        return storage.resolve(uri).path
+
+    with pytest.raises(AirflowFailException, match="'lake' is a relative path") as info:
+        task("lake")
+    assert str(tmp_path) in str(info.value) and "absolute path" in str(info.value)
+    assert task(str(tmp_path / "lake")) == str(tmp_path / "lake")
+    assert task("s3://bucket/lake") == "bucket/lake"
+    assert storage.resolve("lake").path == str(tmp_path / "lake")  # the CLI, outside any task
