@@ -74,7 +74,7 @@ def _profile_names() -> list[str]:
                       description="Preprocessed shards. Empty: synthetic tokens.", section="Data"),
         "checkpoint_store": Param(
             None, type=["null", "string"], title="Checkpoint store",
-            description_md="Local path, `file:///…` or `s3://bucket/prefix`. Empty: `training.checkpoint_store`, "
+            description_md="Absolute local path, `file:///…` or `s3://bucket/prefix`. Empty: `training.checkpoint_store`, "
             "then `checkpoint.store`; with neither, no checkpoints.", section="Checkpoints",
         ),
         "run": Param(None, type=["null", "string"], title="Run name",
@@ -97,7 +97,9 @@ def _profile_names() -> list[str]:
         ),
         "overrides": Param(
             {}, type="object", title="Environment overrides",
-            description_md="`{\"NCCL_SOCKET_IFNAME\": \"=eth0\"}`. Names NCCL/PyTorch do not read are refused.",
+            description_md="`{\"NCCL_SOCKET_IFNAME\": \"=eth0\"}`. Names NCCL/PyTorch do not read are refused, and so "
+            "are a plugin library's path and the files NCCL would write or read (`NCCL_DEBUG_FILE`, "
+            "`NCCL_CONF_FILE`...): set those in `training.profiles_file`.",
             section="NCCL",
         ),
         "log_dir": Param(None, type=["null", "string"], title="Log folder",

@@ -132,10 +132,13 @@ def overview() -> str:
     if result and result["totals"]:
         month, total = list(result["totals"].items())[-1]
         cards.append((f"Saved {month} (a month)", svg.money(total, "USD"), "savings"))
-    runs = [run for _, found, _ in training_roots(sources) for run in found or []]
+    roots = training_roots(sources)
+    runs = [run for _, found, _ in roots for run in found or []]
+    capped = any(line.startswith("note: ") for _, _, lines in roots for line in lines)
     for currency in sorted({run.currency for run in runs}):
         cost = sum((run.cost for run in runs if run.currency == currency), Decimal(0))
-        cards.append((f"Training cost so far ({currency}, {len(runs):,} runs)", svg.money(cost, currency), "training"))
+        counted = f"{len(runs):,} {'newest runs' if capped else 'runs'}"
+        cards.append((f"Training cost so far ({currency}, {counted})", svg.money(cost, currency), "training"))
     findings = [f for _, found, _ in findings_roots(sources) for f in found or []]
     cards.append(("Open cost findings", f"{len(findings):,}", "findings"))
     for currency, total in at_stake_by_currency(findings).items():

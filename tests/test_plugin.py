@@ -130,3 +130,20 @@ def test_a_report_or_summary_behind_a_symlink_is_never_read(api_client, auth, tm
     with summary.open("a") as handle:
         handle.truncate(17 * 1024**2)  # sparse: 17 MiB of NULs after the JSON
     assert "is larger than 16 MiB" in api_client.get("/seedance/cost", headers=auth).text
+
+
+def test_the_training_and_findings_pages_and_odd_queries_are_refused_without_login_and_never_fail(
+        api_client, auth, tmp_path, monkeypatch):
+    monkeypatch.delenv("SEEDANCE_WORKSPACE", raising=False)
+    monkeypatch.setenv("SEEDANCE__TRAINING__LOG_DIR", str(tmp_path))
+    for route in ("/seedance/training", "/seedance/findings", "/seedance/training?run=x",
+                  "/seedance/cost/report?root=0&month=../../etc"):
+        assert api_client.get(route).status_code == 401, route
+    odd = ("root=99999999999999999999999999&month=2024-09", f"root={'9' * 5000}&month=2024-09",
+           "root=0&month=2024-09%00", "root=0&month=2024-09%E2%80%AE", "root=0&month=" + "1" * 10_000,
+           "root=0&root=1&month=2024-09&month=../x", "root=1e9&month=2024-09", "month=2024-09")
+    for query in odd:
+        answer = api_client.get(f"/seedance/cost/report?{query}", headers=auth)
+        assert answer.status_code in (404, 422), (query[:60], answer.status_code)
+    for route in ("/seedance/training?page=-1&limit=99999999999999", "/seedance/?month=../../etc"):
+        assert api_client.get(route, headers=auth).status_code == 200, route

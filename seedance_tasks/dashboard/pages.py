@@ -353,11 +353,23 @@ def _figure(run, figure: str, text: str) -> Raw:
     return Raw(f"<span data-run='{escape(run.name, quote=True)}' data-figure='{figure}'>{escape(text)}</span>")
 
 
+NAME_SHOWN = 120
+"""Characters of a run name shown at most (the rest behind "…", the whole name in its tooltip): a name
+from telemetry of thousands of characters would otherwise fill the page."""
+
+
+def clipped(text: str, limit: int = NAME_SHOWN) -> Raw:
+    """`text` escaped, cut at `limit` characters with "…" and the whole of it as the tooltip."""
+    if len(text) <= limit:
+        return Raw(escape(text))
+    return Raw(f"<span title='{escape(text, quote=True)}'>{escape(text[:limit])}…</span>")
+
+
 def training_row(run) -> list[Any]:
     """One run's row: steps, cost so far, $ per 1,000 steps, energy and its source, utilisation."""
     utilisation = ("—" if run.utilisation is None else
                    f"{run.utilisation * 100:.1f}% {'/'.join(run.devices) or 'CPU'}")
-    return [run.name, f"{run.steps:,}", amount(run.cost, run.currency, run=run.name, figure="cost"),
+    return [clipped(run.name), f"{run.steps:,}", amount(run.cost, run.currency, run=run.name, figure="cost"),
             amount(run.per_1000_steps, run.currency, run=run.name, figure="per-1000-steps"),
             _figure(run, "energy", kwh(run.energy_kwh)), _energy_source(run),
             _figure(run, "utilisation", utilisation), f"{run.ranks} × {run.attempts}", when(run.last_sample),
@@ -375,7 +387,8 @@ def training_page(sources: Sources, roots: list[tuple[Any, list | None, list[str
     parts = [config_error(sources)]
     for root, runs, errors in roots:
         parts.append(f"<h2><code>{escape(root.uri)}</code> <span class='muted'>({escape(root.origin)})</span></h2>")
-        parts += [error_box(error) for error in errors]
+        parts += [f"<p class='muted'>{escape(error.removeprefix('note: '))}</p>" if error.startswith("note: ")
+                  else error_box(error) for error in errors]
         if runs is None:
             continue
         parts.append(table(
@@ -384,8 +397,8 @@ def training_page(sources: Sources, roots: list[tuple[Any, list | None, list[str
             [training_row(run) for run in runs],
             "No training run with telemetry here yet (runs write <run>/telemetry/ when telemetry.enabled).",
             numeric=(1, 2, 3, 4, 6)))
-        charts = [f"<div><h3>{escape(run.name)}: cost so far over steps</h3>"
-                  + svg.line(f"{run.name}: cost so far ({run.currency}) over steps", run.cost_by_step,
+        charts = [f"<div><h3>{clipped(run.name)}: cost so far over steps</h3>"
+                  + svg.line(f"{run.name[:NAME_SHOWN]}: cost so far ({run.currency}) over steps", run.cost_by_step,
                              lambda value, currency=run.currency: svg.money(value, currency)) + "</div>"
                   for run in runs[:CHARTS]]
         if charts:

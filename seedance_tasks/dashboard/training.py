@@ -9,6 +9,9 @@ The energy source (nvml, rapl, estimated) is carried as written; an estimate sta
 
 from __future__ import annotations
 
+import os
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -18,6 +21,12 @@ from seedance_tasks.errors import InputError
 
 TELEMETRY = "telemetry"
 CHART_POINTS = 120  # points of the cost-over-steps line at most (evenly thinned)
+MAX_RUNS = 200
+"""Runs a training page reads per log root at most: the newest (by their telemetry folder's last
+change); the page says how many older ones it leaves out, so years of runs never make it take minutes."""
+_CACHE_SIZE = 2 * MAX_RUNS
+_cache: OrderedDict[str, tuple[tuple, TrainingRun]] = OrderedDict()
+_cache_lock = threading.Lock()
 GPU_SOURCES = ("nvml", "compute_fraction")  # utilisation sources that measure a GPU (cpu_time: the CPU)
 
 
@@ -118,13 +127,13 @@ def read_run(folder: str | Path) -> TrainingRun:
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    from seedance_tasks.telemetry.samples import read_samples, summarise
+    from seedance_tasks.telemetry.samples import read_samples, summarise_table
 
     folder = Path(folder)
     telemetry = folder / TELEMETRY
     try:
-        summary = summarise(telemetry)
-        table = read_samples(telemetry)
+        table = read_samples(telemetry)  # once: the summary is made of the same table
+        summary = summarise_table(table)
         names, ranks, attempts = (_label_values(table, key) for key in ("run", "rank", "attempt"))
         sources = _label_values(table.filter(pc.equal(table["name"], "seedance_utilisation_ratio")), "source")
         devices = sorted({"GPU" if source in GPU_SOURCES else "CPU" for source in sources})
@@ -142,17 +151,69 @@ def read_run(folder: str | Path) -> TrainingRun:
                          hint="move the bad samples-*.parquet file aside; the others are read again") from exc
 
 
-def training_runs(uri: str) -> tuple[list[TrainingRun], list[str]]:
-    """Every run under a training log root (newest sample first) and an `error:` line per unreadable run."""
+def _signature(telemetry: Path) -> tuple:
+    """What a run's figures depend on: the name, size and modification time of each sample file."""
+    found = []
+    with os.scandir(telemetry) as entries:
+        for entry in entries:
+            if entry.name.startswith("samples-") and entry.name.endswith(".parquet"):
+                info = entry.stat(follow_symlinks=False)
+                found.append((entry.name, info.st_size, info.st_mtime_ns, entry.is_symlink()))
+    return tuple(sorted(found))
+
+
+def cached_run(folder: Path) -> TrainingRun:
+    """`read_run(folder)`, read again only when a sample file of it was added, removed or changed
+    since the last call (a finished run's figures are read once per server, not per page view)."""
+    key = str(folder)
+    signature = _signature(folder / TELEMETRY)
+    with _cache_lock:
+        hit = _cache.get(key)
+        if hit and hit[0] == signature:
+            _cache.move_to_end(key)
+            return hit[1]
+    run = read_run(folder)
+    with _cache_lock:
+        _cache[key] = (signature, run)
+        _cache.move_to_end(key)
+        while len(_cache) > _CACHE_SIZE:
+            _cache.popitem(last=False)
+    return run
+
+
+def _newest(folders: list[Path], limit: int) -> tuple[list[Path], int]:
+    """The `limit` run folders whose telemetry changed last, and how many older ones are left out."""
+    if len(folders) <= limit:
+        return folders, 0
+
+    def changed(folder: Path) -> int:
+        try:
+            return (folder / TELEMETRY).stat().st_mtime_ns
+        except OSError:
+            return 0
+
+    return sorted(folders, key=changed, reverse=True)[:limit], len(folders) - limit
+
+
+def training_runs(uri: str, limit: int | None = None) -> tuple[list[TrainingRun], list[str]]:
+    """The newest `limit` (default MAX_RUNS) runs under a training log root (newest sample first) and
+    an `error:` line per unreadable run, plus a `note:` line saying how many older runs were left out."""
+    limit = MAX_RUNS if limit is None else limit
     folders, linked = _scan(uri)
+    folders, older = _newest(folders, limit)
     runs, errors = [], [f"error: {folder}: a symlink (or one holding a symlinked telemetry/ folder): not followed, "
                         "it may lead out of the training log folder hint: move the run folder itself there"
                         for folder in linked]
+    if older:
+        errors.append(f"note: the {limit:,} runs whose telemetry changed last are shown; {older:,} older runs "
+                      "are left out")
     for folder in folders:
         try:
-            runs.append(read_run(folder))
-        except InputError as exc:
-            errors.append(f"error: {exc.message} hint: {exc.hint}")
+            runs.append(cached_run(folder))
+        except (InputError, OSError) as exc:
+            message = exc.message if isinstance(exc, InputError) else f"{folder}: {exc}"
+            hint = exc.hint if isinstance(exc, InputError) else "check the run folder's permissions"
+            errors.append(f"error: {message} hint: {hint}")
     oldest = datetime.min.replace(tzinfo=UTC)
     runs.sort(key=lambda run: (run.last_sample or oldest, run.name), reverse=True)
     return runs, errors

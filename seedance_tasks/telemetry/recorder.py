@@ -27,6 +27,7 @@ import json
 import logging
 import math
 import os
+import re
 import threading
 import time
 from decimal import Decimal
@@ -36,6 +37,18 @@ from typing import Any
 PHASES = ("data", "compute", "collective", "checkpoint")
 _PERF = time.perf_counter
 log = logging.getLogger("seedance.telemetry")
+
+
+def free_attempt(folder: str | Path, rank: int, attempt: int) -> int:
+    """`attempt`, or one past the highest attempt of `rank` that already has sample or totals files
+    in `folder` when `attempt` has some: a recorder never overwrites (nor merges into the series of)
+    an earlier recorder's files. Read once, when a recorder is made."""
+    pattern = re.compile(rf"^(?:samples|totals)-r{int(rank):04d}-a(\d+)[-.]")
+    try:
+        used = {int(match.group(1)) for entry in os.scandir(folder) if (match := pattern.match(entry.name))}
+    except OSError:  # no folder yet: nothing to overwrite
+        return attempt
+    return attempt if attempt not in used else max(used) + 1
 
 
 class _Phase:
@@ -82,7 +95,11 @@ class StepRecorder:
         from seedance_tasks.telemetry import energy, pricing
 
         self.settings, self.folder = settings, Path(folder)
-        self.rank, self.world, self.run, self.attempt = rank, world, run, attempt
+        self.rank, self.world, self.run = rank, world, run
+        self.attempt = free_attempt(self.folder, rank, attempt)
+        if self.attempt != attempt:
+            log.warning("telemetry: rank %d attempt %d already has files in %s: recording as attempt %d "
+                        "(an earlier launch's samples are kept and counted)", rank, attempt, self.folder, self.attempt)
         self.device = str(device)
         self._cuda_index = int(self.device.split(":")[1]) if self.device.startswith("cuda") else None
         if self._cuda_index is None and self.device.startswith("cuda"):
@@ -100,7 +117,7 @@ class StepRecorder:
         self._phase_seconds = dict.fromkeys(PHASES, 0.0)
         self._step_ctx = _Step(self)
         self._lock = threading.Lock()
-        self._labels = {"run": run, "rank": str(rank), "attempt": str(attempt)}
+        self._labels = {"run": run, "rank": str(rank), "attempt": str(self.attempt)}
         self._records: list[tuple] = []  # one per step since the last flush; expanded into rows when written
         self._files = 0
         self._writer = None  # the thread that writes the files the step loop queues (started on first use)

@@ -109,9 +109,16 @@ def summarise(folder: str | Path, *, skip_damaged: bool = False) -> dict[str, An
     not be read, left in place and not counted; without it such a file raises) and rejected_values
     (NaN, infinite or negative totals, not counted). Zeros and None when the run has no samples yet.
     """
+    table, damaged = read_sample_files(folder, skip_damaged=skip_damaged)
+    return summarise_table(table, damaged)
+
+
+def summarise_table(table, damaged: list[str] | None = None) -> dict[str, Any]:
+    """`summarise` of samples already read (`read_sample_files`): a reader that needs the table too
+    reads the files once."""
     from seedance_tasks.telemetry.pricing import cents
 
-    table, damaged = read_sample_files(folder, skip_damaged=skip_damaged)
+    damaged = list(damaged or [])
     totals, rejected = _last_by_series(table, {"seedance_cost_usd_total", "seedance_energy_joules_total",
                                      "seedance_step_seconds_total", "seedance_phase_seconds_total",
                                      "seedance_busy_seconds_total", "seedance_step"})

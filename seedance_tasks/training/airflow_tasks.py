@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import re
 import shlex
@@ -10,6 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from seedance_tasks.dag_support import fail_fast
+from seedance_tasks.training.envvars import form_overrides
+from seedance_tasks.training.launch import MAX_RUN_BYTES, absolute_store, check_run
 
 log = logging.getLogger("seedance.training")
 
@@ -24,15 +27,16 @@ def _topology(value: str | None):
 
 
 def _run_name(params: dict, run_id: str | None) -> str | None:
-    """The run's name: the `run` param (UsageError unless it is one path component: it names the
-    run's log folder under log_dir too), else one derived from the DAG run id."""
+    """The run's name: the `run` param (UsageError unless it is one path component of at most
+    MAX_RUN_BYTES: it names the run's log folder under log_dir too), else one derived from the DAG run id."""
     if params.get("run"):
-        from seedance_tasks.checkpoint.catalog import check_run_name
-
-        return check_run_name(params["run"])
+        return check_run(params["run"])
     if not run_id:
         return None
-    return "dag-" + re.sub(r"[^A-Za-z0-9_.-]+", "-", run_id).strip("-.")
+    name = "dag-" + re.sub(r"[^A-Za-z0-9_.-]+", "-", run_id).strip("-.")
+    if len(name) > MAX_RUN_BYTES:  # an API-triggered run id can be 250 characters: cut, kept distinct
+        name = name[:MAX_RUN_BYTES - 9] + "-" + hashlib.sha256(run_id.encode()).hexdigest()[:8]
+    return name
 
 
 @fail_fast
@@ -43,6 +47,8 @@ def plan_task(params: dict, run_id: str | None = None) -> dict:
 
     settings = load_settings()
     cfg = settings.training
+    overrides = form_overrides(params.get("overrides"))
+    store = absolute_store(params.get("checkpoint_store")) or cfg.checkpoint_store or settings.checkpoint.store
     nnodes = int(params.get("nnodes") or cfg.nnodes)
     max_restarts = int(cfg.max_restarts if params.get("max_restarts") is None else params["max_restarts"])
     plan = make_plan(
@@ -51,7 +57,7 @@ def plan_task(params: dict, run_id: str | None = None) -> dict:
         # 0 is a choice (one process per GPU), not "from config": only an empty field takes the setting
         nproc_per_node=int(cfg.nproc_per_node if params.get("nproc_per_node") is None else params["nproc_per_node"]),
         profile=params.get("profile") or cfg.profile,
-        overrides=params.get("overrides") or {},
+        overrides=overrides,
         backend=params.get("backend") or cfg.backend,
         nccl_debug=cfg.nccl_debug,
         max_restarts=max_restarts,
@@ -59,12 +65,14 @@ def plan_task(params: dict, run_id: str | None = None) -> dict:
         profiles_file=cfg.profiles_file,
         nic_transport=params.get("nic_transport") or cfg.nic_transport,
     )
-    store = params.get("checkpoint_store") or cfg.checkpoint_store or settings.checkpoint.store
     run = _run_name(params, run_id) if store else None
     base = params.get("log_dir") or cfg.log_dir
     # one folder per training run: a retry of this DAG run appends to the same metrics and log
     log_dir = Path(base) / (run or _run_name({}, run_id) or "run") if base else Path(
         tempfile.mkdtemp(prefix="seedance-train-"))
+    if not store:
+        plan["warnings"].append("no checkpoint store (the form's, training.checkpoint_store or checkpoint.store): "
+                                "the job saves no checkpoints, so a retried launch starts over from step 0")
     for warning in plan["warnings"]:
         log.warning("%s", warning)
     log.info("profile %s (%s); env %s", plan["profile"]["name"], plan["profile"]["why"], plan["env"])
@@ -105,7 +113,7 @@ def launch_task(planned: dict, params: dict) -> dict:
         max_restarts=int(planned.get("max_restarts") or 0),
         profile=planned["profile"],
         nic_transport=params.get("nic_transport") or None,
-        overrides=params.get("overrides") or {},
+        overrides=form_overrides(params.get("overrides")),
         log_dir=planned["log_dir"],
         on_line=lambda line: log.info("%s", line),
     )

@@ -251,6 +251,45 @@ def validate(overrides: dict[str, object], *, source: str = "overrides") -> dict
     return clean
 
 
+# What the DAG form may not set, though its library reads it: the form is open to whoever may
+# trigger a DAG, and these name code to load or files to write or read on the worker, as the
+# worker's user. name -> (refused values: "path" = a value naming a path; "any" = every value, why).
+FORM_REFUSED: dict[str, tuple[str, str]] = {
+    "NCCL_NET_PLUGIN": ("path", "a shared library every rank loads: only a plugin's name (found in the library "
+                                "path, as installed) is taken from the form"),
+    "NCCL_TUNER_PLUGIN": ("path", "a shared library every rank loads: only a plugin's name is taken from the form"),
+    "NCCL_PROFILER_PLUGIN": ("path", "a shared library every rank loads: only a plugin's name is taken from the form"),
+    "NCCL_DEBUG_FILE": ("any", "a file every rank writes, wherever it points"),
+    "NCCL_TOPO_DUMP_FILE": ("any", "a file every rank writes, wherever it points"),
+    "NCCL_CONF_FILE": ("any", "a file of further NCCL settings (plugin libraries included) every rank reads"),
+    "NCCL_GPUDIRECTTCPX_UNIX_CLIENT_PREFIX": ("any", "a folder of sockets the plugin connects to"),
+}
+
+
+def form_overrides(value: object) -> dict[str, str]:
+    """The DAG form's `overrides` as `validate` returns them, for an untrusted face: also UsageError
+    unless it is a JSON object, and for any variable of `FORM_REFUSED` (a library path NCCL would
+    load, a file it would write or read); those belong in `training.profiles_file` or the CLI's
+    `--set`, which only the machine's own users reach. Empty or None: no overrides."""
+    if value is None or value == {}:
+        return {}
+    if not isinstance(value, dict):
+        raise UsageError(f"overrides must be a JSON object of NAME: value, not a {type(value).__name__}",
+                         hint='e.g. {"NCCL_SOCKET_IFNAME": "=eth0"}; empty for none')
+    clean = validate(value)
+    refused = []
+    for name, text in clean.items():
+        if name in FORM_REFUSED:
+            kind, why = FORM_REFUSED[name]
+            if kind == "any" or "/" in text or "\\" in text:
+                refused.append(f"{name}={text[:80]!r}: {why}")
+    if refused:
+        raise UsageError("refused overrides from the form: " + "; ".join(refused),
+                         hint="set these in a profile of training.profiles_file (or with `seedance train launch "
+                              "--set` on the machine); see docs/training.md#environment")
+    return clean
+
+
 SET_HINT = "write each override as NAME=value, e.g. --set NCCL_DEBUG=INFO (repeat --set for more)"
 
 

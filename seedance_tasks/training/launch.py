@@ -189,6 +189,23 @@ def read_metrics(path: str | Path) -> dict[str, Any]:
     }
 
 
+_ATTEMPT_FILE_RE = re.compile(r"^(?:samples|totals)-r\d+-a(\d+)[-.]")
+
+
+def next_attempt(metrics: str | Path, telemetry_dir: str | Path | None) -> int:
+    """The first attempt number no earlier launch of this run folder used: one past the highest
+    attempt its metrics' `start` events or its telemetry file names show (0 for a new folder).
+
+    Both are read because either can be missing: a job killed before its first telemetry flush
+    wrote a `start` event only, and a metrics file can be torn by a crash."""
+    used = [item["attempt"] for item in metrics_records(metrics)[0]
+            if item.get("event") == "start" and _int_field(item, "attempt") is not None]
+    folder = Path(telemetry_dir) if telemetry_dir else None
+    if folder is not None and folder.is_dir():
+        used += [int(match.group(1)) for entry in folder.iterdir() if (match := _ATTEMPT_FILE_RE.match(entry.name))]
+    return max((value for value in used if value >= 0), default=-1) + 1
+
+
 def run_torchrun(
     plan: dict[str, Any],
     job: dict[str, Any],
@@ -209,6 +226,9 @@ def run_torchrun(
     job = dict(job)
     job.setdefault("metrics", str(log_dir / "metrics.jsonl"))
     job.setdefault("telemetry_dir", str(log_dir / "telemetry"))
+    # a relaunch (an Airflow retry, the CLI again) numbers its attempts after every earlier one:
+    # torchrun's restart count starts at 0 each time, and telemetry is keyed and named by attempt
+    job.setdefault("attempt_base", next_attempt(job["metrics"], job["telemetry_dir"]))
     job_path = log_dir / "job.json"
     job_path.write_text(json.dumps(job, indent=2))
     command = [sys.executable, "-m", "torch.distributed.run", *plan["command"][1:], "--job", str(job_path)]
@@ -385,6 +405,43 @@ def _stop(process: subprocess.Popen, grace_s: float = 10) -> None:
         process.wait(grace_s)
 
 
+MAX_RUN_BYTES = 200
+"""A run names a folder (of logs, of checkpoints): file systems take 255 bytes a name at most."""
+
+
+def check_run(run: str) -> str:
+    """`run` if it can name the run's folders: one path component (`catalog.check_run_name`) of at
+    most MAX_RUN_BYTES bytes in UTF-8; else UsageError (not an OSError that a retry would repeat)."""
+    from seedance_tasks.checkpoint.catalog import check_run_name
+    from seedance_tasks.errors import UsageError
+
+    check_run_name(run)
+    if len(run.encode("utf-8", "surrogatepass")) > MAX_RUN_BYTES:
+        raise UsageError(f"run name {run[:40]!r}… is {len(run.encode('utf-8', 'surrogatepass')):,} bytes long",
+                         hint=f"name the run in at most {MAX_RUN_BYTES} bytes: it names its log and checkpoint folders")
+    return run
+
+
+def absolute_store(uri: str | None) -> str | None:
+    """A checkpoint store given by an untrusted face (the DAG form), as given if it is an absolute
+    local path, a `file:///` URI or a `scheme://bucket/prefix` one, none with a `..` component;
+    else UsageError. A relative path would resolve against whatever folder the worker runs in,
+    another on a retry's worker, where the run's checkpoints are not: it would start over silently.
+    Empty or None: None (the settings' store)."""
+    from seedance_tasks.errors import UsageError
+
+    if not uri:
+        return None
+    scheme, sep, rest = uri.partition("://")
+    path = rest if sep else uri
+    local = not sep or scheme == "file"
+    if ".." in re.split(r"[/\\]", path) or (local and not path.startswith("/")) or (sep and not rest.strip("/")):
+        raise UsageError(f"checkpoint store {uri[:200]!r} is not an absolute location",
+                         hint="give an absolute path, file:///path or s3://bucket/prefix, without `..`; "
+                              "empty for training.checkpoint_store")
+    return uri
+
+
 def launch(
     *,
     topology=None,
@@ -429,9 +486,7 @@ def launch(
     if run and not checkpoint_store:
         raise UsageError("--run needs a checkpoint store", hint="pass --checkpoint-store or set checkpoint.store")
     if run:
-        from seedance_tasks.checkpoint.catalog import check_run_name
-
-        check_run_name(run)  # one path component: refused here, not by every rank after torchrun starts
+        check_run(run)  # refused here, not by every rank after torchrun starts
     if checkpoint_store and not run:
         run = f"train-{storage.new_run_id()}"
     if data:

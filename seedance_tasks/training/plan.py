@@ -316,9 +316,16 @@ def make_plan(
         raise UsageError("the nccl backend needs GPUs, and this topology has none", hint="use --backend gloo")
     nproc = nproc_per_node or (len(gpus) if gpus else 2)
     warnings: list[str] = []
+    if nproc < 0:
+        raise UsageError(f"--nproc-per-node {nproc} is negative", hint="pass 0 (one per GPU) or a process count")
     if gpus and nproc > len(gpus):
         raise UsageError(f"--nproc-per-node {nproc} but the machine has {len(gpus)} GPUs",
                          hint=f"pass at most {len(gpus)}, or 0 for one process per GPU")
+    if not gpus and nproc > (cores := max(2, os.cpu_count() or 1)):
+        # a CPU job runs on this machine: more processes than cores only thrash it (and a typo such
+        # as 100000 would fork that many Python processes, and stall laying out their ranks)
+        raise UsageError(f"--nproc-per-node {nproc} CPU processes but this machine has {cores} cores",
+                         hint=f"pass at most {cores} without GPUs (or a topology with GPUs)")
     if topology and topology.pcie_only_view:
         warnings.append("this is a PCIe-only view (`nvidia-smi topo -mp`): NVLinks are not shown; "
                         "plan from `nvidia-smi topo -m` to see them")

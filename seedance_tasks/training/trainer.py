@@ -10,7 +10,7 @@ micro-batch, rank), deterministic algorithms, and the optimizer state saved with
 
 `python -m seedance_tasks.training.trainer --job job.json` (launch writes the job file). Test
 hook: `SEEDANCE_TRAIN_FAIL_AT_STEP=N` makes rank `SEEDANCE_TRAIN_FAIL_RANK` (default: the last)
-SIGKILL itself after step N on the first attempt (`TORCHELASTIC_RESTART_COUNT=0`);
+SIGKILL itself after step N on the run's first attempt (attempt 0: neither a torchrun restart nor a relaunch);
 `SEEDANCE_TRAIN_HANG_AT_STEP=N` makes it hang there instead.
 """
 
@@ -394,7 +394,8 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     dist.init_process_group(backend, timeout=timedelta(seconds=float(job["collective_timeout"])))
     rank, world = dist.get_rank(), dist.get_world_size()
-    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    # unique across relaunches of the run (launch's attempt_base), not just torchrun's restarts
+    attempt = int(job.get("attempt_base") or 0) + int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     precision_mode = job.get("precision") or "fp32"
     _log(rank, f"start: world={world} backend={backend} device={device} attempt={attempt} pid={os.getpid()} "
                f"precision={precision_mode} binding={binding}")
