@@ -167,6 +167,8 @@ def check_summary(summary: Any) -> dict[str, Any]:
             _amount(item.get(key), f"over_budget[{index}].{key}")
         if not isinstance(item.get("currency"), str | None):
             raise ValueError(f"over_budget[{index}].currency is not a currency code")
+        if not isinstance(item.get("approved", False), bool):  # "false" would read as approved
+            raise ValueError(f"over_budget[{index}].approved is not true or false")
     return summary
 
 

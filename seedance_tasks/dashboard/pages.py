@@ -176,7 +176,7 @@ def cost_section(index: int, origin: str, view: CostView) -> str:
         [[item.get("owner"), amount(Decimal(item["spend"]), item.get("currency"), owner=item.get("owner", "")),
           amount(Decimal(item["budget"]), item.get("currency")),
           f"{item['over_percent']}%" if item.get("over_percent") is not None else "—",
-          "yes" if item.get("approved") else "no"] for item in summary.get("over_budget", [])],
+          "yes" if item.get("approved") is True else "no"] for item in summary.get("over_budget", [])],
         "No owner over budget.", numeric=(1, 2, 3)))
     from seedance_tasks.dashboard.budget import budget_section
 

@@ -36,6 +36,8 @@ MALFORMED_SUMMARIES = {
     "an over-budget entry without spend": {**_usd(), "over_budget": [{"owner": "ml", "budget": "1"}]},
     "an over-budget currency that is no code": {**_usd(), "over_budget": [
         {"owner": "ml", "spend": "2", "budget": "1", "currency": 7, "over_percent": 100, "approved": False}]},
+    "an approval that is the string 'false'": {**_usd(), "over_budget": [
+        {"owner": "ml", "spend": "2", "budget": "1", "currency": "USD", "over_percent": 100, "approved": "false"}]},
 }
 
 
