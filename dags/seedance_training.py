@@ -53,10 +53,11 @@ def _profile_names() -> list[str]:
     doc_md=__doc__,
     params={
         "nnodes": optional_param("Nodes", "Nodes in the job (more than one needs a rendezvous endpoint).",
-                                 empty=from_config("training.nnodes"), section="Job", type="integer", minimum=1),
+                                 empty=from_config("training.nnodes"), section="Job", type="integer", minimum=1,
+                                 maximum=100_000),
         "nproc_per_node": optional_param(
             "Processes per node", "0 = one per GPU (2 on a machine without GPUs).",
-            empty=from_config("training.nproc_per_node"), section="Job", type="integer", minimum=0,
+            empty=from_config("training.nproc_per_node"), section="Job", type="integer", minimum=0, maximum=1024,
         ),
         "rdzv_endpoint": optional_param(
             "Rendezvous endpoint", "HOST:PORT every node joins; needed for more than one node.",
@@ -68,7 +69,7 @@ def _profile_names() -> list[str]:
                        description="Optimizer steps. Empty: training.steps.", section="Job"),
         "max_restarts": optional_param(
             "Max restarts", "torchrun restarts of the worker group; each resumes from the latest checkpoint.",
-            empty=from_config("training.max_restarts"), section="Job", type="integer", minimum=0,
+            empty=from_config("training.max_restarts"), section="Job", type="integer", minimum=0, maximum=100,
         ),
         "data": Param(None, type=["null", "string"], title="Data",
                       description="Preprocessed shards. Empty: synthetic tokens.", section="Data"),

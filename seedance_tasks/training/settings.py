@@ -9,6 +9,10 @@ from pydantic import Field
 from seedance_tasks.settings_base import StrictModel
 from seedance_tasks.units import Duration
 
+MAX_NPROC_PER_NODE = 1024  # far past any node's GPUs: a larger count is a typo that would fork that many trainers
+MAX_NNODES = 100_000  # past the largest clusters torchrun's rendezvous has been run on
+MAX_RESTARTS = 100  # a failure that recurs 100 times is not transient: more restarts only burn GPU hours
+
 
 class ModelSettings(StrictModel):
     """The reference trainer's small GPT."""
@@ -56,9 +60,11 @@ class TrainingSettings(StrictModel):
         "auto", description="how the NICs carry inter-node traffic; auto = from the topology's NIC names "
         "(NICn without a NIC Legend: unknown, NCCL defaults)"
     )
-    nproc_per_node: int = Field(0, ge=0, description="processes per node; 0 = one per GPU (2 without GPUs)")
-    nnodes: int = Field(1, ge=1, description="nodes in the job")
-    max_restarts: int = Field(0, ge=0, description="torchrun restarts of the whole worker group on failure")
+    nproc_per_node: int = Field(0, ge=0, le=MAX_NPROC_PER_NODE,
+                                description="processes per node; 0 = one per GPU (2 without GPUs)")
+    nnodes: int = Field(1, ge=1, le=MAX_NNODES, description="nodes in the job")
+    max_restarts: int = Field(0, ge=0, le=MAX_RESTARTS,
+                              description="torchrun restarts of the whole worker group on failure")
     steps: int = Field(100, ge=1, description="optimizer steps of the reference trainer")
     checkpoint_every: Annotated[int, Field(ge=0)] | Literal["auto"] = Field(
         50, description="save every K steps (0 = only at the end); auto = the Young-Daly optimum "

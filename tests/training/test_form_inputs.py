@@ -110,3 +110,14 @@ def test_a_plan_without_a_checkpoint_store_warns_that_a_retry_starts_over(tmp_pa
     assert any("a retried launch starts over from step 0" in warning for warning in planned["warnings"])
     stored = plan_task({"log_dir": str(tmp_path), "checkpoint_store": "/srv/ckpt"}, "manual__1")
     assert not any("starts over" in warning for warning in stored["warnings"])
+
+
+@pytest.mark.parametrize(("key", "value"), [("NNODES", "1000000000"), ("NPROC_PER_NODE", "1000000"),
+                                            ("MAX_RESTARTS", "1000000000000")])
+def test_job_sizes_and_restarts_past_any_real_job_are_refused_at_load_naming_the_key(key, value):
+    from seedance_tasks.config import load_settings
+    from seedance_tasks.errors import ConfigError
+
+    with pytest.raises(ConfigError) as info:
+        load_settings(None, environ={f"SEEDANCE__TRAINING__{key}": value})
+    assert f"training.{key.lower()}" in info.value.message
