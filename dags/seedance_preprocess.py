@@ -79,7 +79,8 @@ PREPROCESSED_SHARDS = Asset(name="seedance_preprocessed_shards", uri="seedance:/
             "threads feed image batches to the CPU processes (any storage); auto = shards where they can.",
             empty=from_config("preprocess.parallel"), section="Preprocessing", enum=["auto", "shards", "samples"]),
         "shards_per_group": optional_param(
-            "Shards per task", "One mapped preprocessing task per group of this many shards.",
+            "Shards per task", "One mapped preprocessing task per group of this many shards (more, with a warning, "
+            "where the groups would outnumber Airflow's `[core] max_map_length`).",
             empty=from_config("preprocess.shards_per_group"), section="Preprocessing", type="integer", minimum=1,
         ),
     },

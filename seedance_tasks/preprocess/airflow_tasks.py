@@ -1,7 +1,9 @@
 """The task functions of `dags/seedance_preprocess.py`: params in, one library call, small summary out.
 
 Kept here (not in the DAG file) so they are testable without Airflow and the DAG file stays cheap
-to parse. Each returns JSON-able summaries for XCom: URIs and counts, never data.
+to parse. Each returns JSON-able summaries for XCom: URIs and counts (lists capped at 100, with
+their counts), never data. The source/shards/out params are checked before any work (`locations`:
+absolute, no output inside its inputs), and the groups never outnumber `[core] max_map_length`.
 
 Every task that writes holds the `dataset` lease of what it writes as the DAG run
 (`dag_support.airflow_lease_holder()`): a retried task, and the mapped preprocess tasks of one
@@ -22,6 +24,8 @@ lists them in the index and the summary, and fails only if no shard at all is le
 from __future__ import annotations
 
 import logging
+import os
+import posixpath
 from typing import Any
 
 from seedance_tasks.dag_support import fail_fast, release_run_lease, run_settings, skip
@@ -48,15 +52,77 @@ def _settings(params: dict[str, Any]):
 
 
 def locations(params: dict[str, Any]) -> dict[str, str]:
-    """Source, shards and output URIs of a run; shards/output default to siblings of the source."""
+    """Source, shards and output URIs of a run; shards/output default to siblings of the source.
+
+    Checked before any work (UsageError naming the params, with what to do in the form): each is
+    an absolute local path, `file:///…` or `s3://…` (a relative path would depend on the worker's
+    working directory; an S3 key with a `.` or `..` component names another place than it reads);
+    the output is neither the source's or the shards' folder nor inside them (its tars would mix
+    with the samples, or replace the shards), and the shards are not inside the samples' folder.
+    """
     source = (params.get("source") or "").strip()
     if not source:
         raise UsageError("the 'source' param is empty", hint="give a samples directory, a Parquet dataset or shards")
     base = source.rstrip("/")
     kind = params.get("source_kind") or "samples"
-    shards = source if kind == "shards" else (params.get("shards") or f"{base}-shards")
-    out = params.get("out") or f"{shards.rstrip('/')}-preprocessed"
-    return {"source": source, "kind": kind, "shards": shards, "out": out}
+    shards = source if kind == "shards" else ((params.get("shards") or "").strip() or f"{base}-shards")
+    out = (params.get("out") or "").strip() or f"{shards.rstrip('/')}-preprocessed"
+    where = {"source": source, "kind": kind, "shards": shards, "out": out}
+    _check_locations(params, where)
+    return where
+
+
+def _label(name: str, where: dict[str, str]) -> str:
+    """The param that sets location `name` (shards given as the source are the `source` param)."""
+    return "source" if name == "shards" and where["kind"] == "shards" else name
+
+
+def _named(params: dict[str, Any], name: str, where: dict[str, str]) -> str:
+    """How an error names location `name`: its param, or what its empty param defaulted to."""
+    label = _label(name, where)
+    if (params.get(label) or "").strip():
+        return f"the `{label}` param ({where[name]})"
+    return f"the default `{name}` ({where[name]}, `{label}` left empty)"
+
+
+def _check_locations(params: dict[str, Any], where: dict[str, str]) -> None:
+    """`locations`' checks; UsageError naming the param and what to set in the trigger form."""
+    from seedance_tasks import storage
+
+    for name in ("source", "shards", "out"):
+        text, label = where[name], _label(name, where)
+        if text.startswith("s3://"):
+            if any(part in (".", "..") for part in text[len("s3://"):].split("/")):
+                raise UsageError(f"the `{label}` param ({text!r}) has a `.` or `..` component: on S3 that is a key "
+                                 "of its own, which Seedance's listings refuse to read",
+                                 hint=f"give `{label}` as a plain s3://bucket/prefix")
+        elif "://" not in text and not os.path.isabs(os.path.expanduser(text)):
+            raise UsageError(f"the `{label}` param ({text!r}) is a relative path: a task would resolve it against "
+                             "its worker's working directory", hint=f"give `{label}` as an absolute path, "
+                             "file:///… or s3://…")
+
+    def place(name: str) -> tuple[str, str, bool]:  # (scheme, normalised path, names a file or a pattern)
+        location = storage.resolve(where[name])
+        path = location.path.rstrip("/")
+        path = os.path.realpath(path) if location.scheme == "file" else path
+        if file_like := ("{" in path or path.endswith((".tar", ".json", ".parquet"))):
+            path = posixpath.dirname(path)  # the shards' (or samples') folder
+        return location.scheme, path, file_like
+
+    pairs = [("out", "shards", "the outputs, named as the input shards, would replace them or be read as shards next time")]
+    if where["kind"] == "samples":  # the shards' place first: the output's default follows from it
+        pairs = [("shards", "source", "the shards would mix with your samples (and be read as samples next time)"),
+                 ("out", "source", "its shards would mix with your samples (and be read as samples next time)"),
+                 *pairs]
+    for inner, outer, why in pairs:
+        (scheme, path, _), (outer_scheme, outer_path, file_like) = place(inner), place(outer)
+        if scheme == outer_scheme and (path == outer_path or (not file_like and path.startswith(outer_path + "/"))):
+            default = "`<shards>-preprocessed`" if inner == "out" else "`<source>-shards`"
+            empty = f" (or leave it empty: {default})" if (params.get(inner) or "").strip() else ""
+            raise UsageError(f"{_named(params, inner, where)} is, or lies inside, the folder of "
+                             f"{_named(params, outer, where)}: {why}",
+                             hint=f"set `{inner}` to a new folder outside it{empty}, "
+                             "then trigger the DAG again")
 
 
 @fail_fast
@@ -125,9 +191,27 @@ def plan_task(built: dict[str, Any], params: dict[str, Any]) -> list[dict[str, A
     with lease.holding(out, LEASE_NAME, holder=airflow_lease_holder(), purpose="seedance_preprocess", release=False):
         journal.recover(out, JOURNAL_KIND)  # no sibling runs yet: every earlier run's journals
     names = output_names(resolve_shards(built["shards"]).shards)  # unique, unlike basenames in subfolders
-    step = settings.shards_per_group
+    step = group_size(len(names), settings.shards_per_group)
     return [{"shards": built["shards"], "out": built["out"], "names": names[i : i + step]}
             for i in range(0, len(names), step)]
+
+
+def group_size(shards: int, wanted: int) -> int:
+    """Shards per mapped group: `wanted`, or more where `shards / wanted` groups would exceed Airflow's
+    `[core] max_map_length` (a longer list fails the task that pushes it), with a warning saying so."""
+    try:
+        from airflow.configuration import conf
+
+        limit = max(conf.getint("core", "max_map_length", fallback=1024), 1)
+    except ImportError:  # a worker without Airflow's core: its default
+        limit = 1024
+    if -(-shards // wanted) <= limit:
+        return wanted
+    step = -(-shards // limit)
+    log.warning("%d shards in groups of %d would map %d tasks, more than Airflow's [core] max_map_length (%d): "
+                "groups of %d instead\n  hint: raise max_map_length, or the `shards_per_group` param, to choose",
+                shards, wanted, -(-shards // wanted), limit, step)
+    return step
 
 
 @fail_fast
@@ -141,8 +225,9 @@ def preprocess_group_task(group: dict[str, Any], params: dict[str, Any]) -> dict
                  finalize_index=False, holder=airflow_lease_holder(), release_lease=False)
     for item in result["quarantined"]:
         log.error("error: %s\n  hint: %s", *report_lines(item))
-    return {key: result.get(key) for key in ("shards", "skipped", "samples_in", "samples_out", "samples_per_s",
+    return {key: result.get(key) for key in ("shards", "samples_in", "samples_out", "samples_per_s",
                                              "stage_shares", "parallel", "io_workers", "cpu_workers")} | {
+        "skipped": result["skipped"][:100], "skipped_count": len(result["skipped"]),
         "failed": result["failed"][:100], "failed_count": len(result["failed"]),
         "quarantined": result["quarantined"][:100], "quarantined_count": len(result["quarantined"])}
 
@@ -199,6 +284,9 @@ def release_task(params: dict[str, Any]) -> dict[str, Any]:
 
     if not (params.get("source") or "").strip():
         skip("no source, no lease to release")
-    where = locations(params)
+    try:
+        where = locations(params)
+    except UsageError as exc:  # refused before any task could take a lease: nothing to release
+        skip(f"no lease to release: {exc.message}")
     return {"released": [uri for uri in dict.fromkeys((where["out"], where["shards"]))
                          if release_run_lease(uri, LEASE_NAME)]}

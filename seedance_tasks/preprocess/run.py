@@ -59,6 +59,7 @@ from seedance_tasks.preprocess.settings import PreprocessSettings
 from seedance_tasks.preprocess.sizing import choose_pools
 from seedance_tasks.preprocess.transform import npy_header, output_clash
 from seedance_tasks.shards import index as shard_index
+from seedance_tasks.shards.buckets import refuse_missing_bucket
 from seedance_tasks.shards.index import ShardRef, resolve_shards
 from seedance_tasks.shards.tario import TarShardWriter, open_sink, scan_headers
 
@@ -274,6 +275,7 @@ def run(
             raise UsageError(f"shards not found in {shards_uri}: {sorted(missing)[:5]}")
     out = storage.resolve(out_uri)
     _refuse_out_among_shards(out, shard_set, [shard for shard, _name in pairs])
+    refuse_missing_bucket(out, f"the preprocessed shards' output {out.uri}")
     run_id = storage.new_run_id()
     with lease.holding(out, LEASE_NAME, holder=holder or run_id, purpose=f"seedance preprocess run of {shards_uri}",
                        wait_s=wait_s, release=release_lease) as held:

@@ -29,6 +29,7 @@ from typing import Any
 from seedance_tasks import faults, journal, lease, storage
 from seedance_tasks.errors import IntegrityError, RefusedError, UsageError
 from seedance_tasks.shards import index as shard_index
+from seedance_tasks.shards.buckets import refuse_missing_bucket
 from seedance_tasks.shards.checks import sample_checker
 from seedance_tasks.shards.settings import MIN_SHARD_SIZE, ShardSettings
 from seedance_tasks.shards.sources import iter_source_samples, open_source, special_kind
@@ -127,6 +128,7 @@ def build(
     out_loc = storage.resolve(out)
     _refuse_out_in_source(src, out, storage.resolve(src), out_loc)
     _refuse_out_not_directory(out, out_loc)
+    refuse_missing_bucket(out_loc, f"the shards' output {out}")
     source = open_source(src, required=settings.required_members, key_column=settings.key_column,
                          max_member_size=int(settings.max_member_size))
     if read_workers is None:  # local reads are memory copies: 2 threads; S3 GETs wait on the network: 8
@@ -139,7 +141,12 @@ def build(
         existing = _existing(out_loc)
         if existing is not None and existing.get("seedance", {}).get("fingerprint") == fingerprint:
             meta = existing["seedance"]
-            return {**meta["summary"], "up_to_date": True, "recovered": recovered,
+            # the first build's rejections, and what this listing skips now (e.g. a hidden file added since)
+            rejected = list(meta["summary"].get("rejected") or [])
+            known = {(item.get("key"), item.get("source"), item.get("reason")) for item in rejected}
+            rejected += [entry.to_dict() for entry in source.rejected
+                         if (entry.key, entry.source, entry.reason) not in known]
+            return {**meta["summary"], "rejected": rejected, "up_to_date": True, "recovered": recovered,
                     "index": out_loc.child(shard_index.INDEX_NAME).uri}
         if storage.list_files(out_loc):
             raise RefusedError(

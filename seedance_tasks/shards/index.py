@@ -20,6 +20,7 @@ import pyarrow.fs as pafs
 
 from seedance_tasks import storage
 from seedance_tasks.errors import InputError, RefusedError, SeedanceError, UsageError
+from seedance_tasks.shards.buckets import refuse_missing_bucket
 from seedance_tasks.storage import Location
 
 INDEX_NAME = "shardindex.json"
@@ -248,6 +249,7 @@ def _listed_shards(uri: str, use_index: bool) -> ShardSet:
     location = storage.resolve(uri)
     info = location.fs.get_file_info(location.path)
     if info.type == pafs.FileType.NotFound:
+        refuse_missing_bucket(location, f"no shards at {uri}", output=False)
         raise InputError(f"no shards at {uri}: nothing there", hint="check the path or URI")
     if info.type == pafs.FileType.File:
         if location.path.endswith(".json"):

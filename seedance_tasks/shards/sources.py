@@ -9,13 +9,16 @@ Each source yields `(key, members)` for good samples and reports bad ones (`Reje
 missing a required member, a file or row group that cannot be read, a sample the caller's check
 refuses (an image that does not decode). Nothing is dropped silently. A source never reads
 outside its root: a symbolic link in it (to a file or a directory) is not followed, and is
-reported once; so is a FIFO, socket or device file (never opened) and an S3 key with a `.` or `..`
-component (never read).
+reported once; so is a FIFO, socket or device file (never opened), an S3 key with a `.` or `..`
+component (never read), and a hidden name (`_`/`.` prefix, e.g. a camera's `_DSC0001.JPG`: shard
+readers skip such names, so it is not packed; a hidden folder is reported once, Seedance's own
+`_seedance/` not at all; in a Parquet dataset only hidden `.parquet` files, not `_SUCCESS` and kin).
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import posixpath
 import random
@@ -30,6 +33,7 @@ import pyarrow.fs as pafs
 from seedance_tasks import storage
 from seedance_tasks.errors import InputError, UsageError
 from seedance_tasks.parallel import ordered_map
+from seedance_tasks.shards.buckets import refuse_missing_bucket
 from seedance_tasks.shards.cells import CellError, cell_bytes, column_values
 from seedance_tasks.shards.checks import size_problem
 from seedance_tasks.shards.tario import check_member_name, extension_problem, sample_name_problem, split_key
@@ -41,6 +45,12 @@ UNDECODABLE_REASON = "file name is not UTF-8 (shown with \\xNN escapes): not rea
 DOT_KEY_REASON = ("S3 key with a `.` or `..` component: not read (it names another place than it is listed at; "
                   "rename it without them to pack it)")
 SPECIAL_REASON = "{kind}, not a regular file: never opened (reading a FIFO or a device can block or never end)"
+HIDDEN_REASON = ("hidden name (starts with `_` or `.`): not packed, as shard readers skip such names; "
+                 "rename it without the prefix (e.g. DSC0001.JPG for _DSC0001.JPG) to pack it")
+HIDDEN_FOLDER_REASON = ("hidden folder (name starts with `_` or `.`), {count} file(s): not packed, as shard readers "
+                        "skip such names; rename it without the prefix to pack its samples")
+
+log = logging.getLogger(__name__)
 
 Check = Callable[[str, dict], "str | None"]  # (key, members) -> why the sample is refused, or None
 
@@ -92,7 +102,7 @@ def open_source(uri: str, *, required: list[str] | None = None, key_column: str 
     if kind not in (pafs.FileType.File, pafs.FileType.Directory, pafs.FileType.NotFound):
         raise UsageError(f"{uri} is a {special_kind(location.path)}, not a dataset directory",
                          hint="point SRC at the directory of sample files (or at a Parquet file or dataset)")
-    listing = storage.list_tree(location)
+    listing, hidden = _listing(location)
     files = listing.files
     unread = [Rejected(None, relative, SYMLINK_REASON) for relative in listing.symlinks]
     unread += [Rejected(None, relative, UNDECODABLE_REASON) for relative in listing.undecodable]
@@ -106,12 +116,19 @@ def open_source(uri: str, *, required: list[str] | None = None, key_column: str 
         skipped.append(f"{len(listing.special)} FIFO(s), socket(s) or device(s), not opened")
     if listing.dot_keys:
         skipped.append(f"{len(listing.dot_keys)} key(s) with a `.` or `..` component, not read")
+    parquet = [item for item in files if item.path.endswith(".parquet")]
+    if parquet:  # Parquet tools write `_SUCCESS`, `_metadata`, `.crc` files: only a hidden Parquet file is news
+        hidden = {relative: count for relative, count in hidden.items() if relative.endswith(".parquet")}
+    unread += _report_hidden(uri, hidden)
+    if hidden:
+        skipped.append(f"{len(hidden)} hidden name(s) (`_`/`.` prefix), not packed")
     if not files:
+        refuse_missing_bucket(location, f"no sample files under {uri}", output=False)
         raise InputError(
             f"no sample files under {uri}" + (f" ({'; '.join(skipped)})" if skipped else ""),
-            hint="point SRC at a directory of samples or Parquet files",
+            hint="rename the hidden files without their `_`/`.` prefix to pack them" if hidden
+            else "point SRC at a directory of samples or Parquet files",
         )
-    parquet = [item for item in files if item.path.endswith(".parquet")]
     if parquet:
         others = [item.path for item in files if not item.path.endswith(".parquet")]
         if others:
@@ -121,6 +138,54 @@ def open_source(uri: str, *, required: list[str] | None = None, key_column: str 
             )
         return Source(uri, "parquet", location, parquet, list(required or []), key_column, rejected=unread)
     return _files_source(uri, location, files, required, unread, max_member_size)
+
+
+def _listing(location: Location) -> tuple[storage.Listing, dict[str, int]]:
+    """One listing of the source (`storage.list_tree`, hidden names included, then set apart) and
+    its hidden names, relative: a hidden file as it is, a hidden folder once (`dir/.thumbs/`,
+    with the number of files it holds). Seedance's own `_seedance/` at the top is neither listed nor reported."""
+    full = storage.list_tree(location, include_hidden=True)
+    files, dot_keys, hidden = [], list(full.dot_keys), []
+    for item in full.files:
+        if item.path.rstrip("/") == location.path.rstrip("/"):  # the source is this one file
+            files.append(item)
+            continue
+        relative = location.relative(item.path)
+        if location.is_s3 and any(part in (".", "..") for part in relative.split("/")):
+            dot_keys.append(relative)  # as the listing without hidden names reports it: never read
+        elif storage.is_hidden(relative):
+            hidden.append(relative)
+        else:
+            files.append(item)
+    unlisted = {name: [relative for relative in getattr(full, name) if not storage.is_hidden(relative)]
+                for name in ("symlinks", "undecodable", "special")}
+    hidden += [relative for name in unlisted for relative in getattr(full, name) if storage.is_hidden(relative)]
+    return storage.Listing(files, dot_keys=sorted(dot_keys), **unlisted), _hidden_names(hidden)
+
+
+def _hidden_names(relatives: list[str]) -> dict[str, int]:
+    """{each hidden file of `relatives` as it is, and each hidden folder once as `path/`: how many
+    of `relatives` it is or holds}, sorted by name."""
+    names: dict[str, int] = {}
+    for relative in relatives:
+        parts = relative.split("/")
+        first = next(number for number, part in enumerate(parts) if part.startswith(("_", ".")))
+        if first == 0 and parts[0] == storage.SEEDANCE_DIR:
+            continue
+        name = relative if first == len(parts) - 1 else "/".join(parts[: first + 1]) + "/"
+        names[name] = names.get(name, 0) + 1
+    return dict(sorted(names.items()))
+
+
+def _report_hidden(uri: str, hidden: dict[str, int]) -> list[Rejected]:
+    """The rejections of the hidden names of a source (`_hidden_names`), and one warning naming them."""
+    if not hidden:
+        return []
+    log.warning("%d hidden name(s) under %s not packed (starting with `_` or `.`: shard readers skip them), "
+                "e.g. %s\n  hint: rename them without the prefix to pack them; the build report lists them all",
+                len(hidden), uri, ", ".join(list(hidden)[:5]))
+    return [Rejected(None, relative, HIDDEN_FOLDER_REASON.format(count=count) if relative.endswith("/")
+                     else HIDDEN_REASON) for relative, count in hidden.items()]
 
 
 def special_kind(path: str) -> str:
