@@ -47,7 +47,8 @@ from seedance_tasks.dag_support import DEFAULT_ARGS, from_config, optional_param
     params={
         "month": Param(
             None, type=["null", "string"], pattern=MONTH_FORM_PATTERN, title="Month",
-            description="YYYY-MM to recover; empty: the run's data interval (the previous month).",
+            description="YYYY-MM to recover (a month not yet begun is refused); empty: the run's data "
+            "interval (the previous month).",
             section="Month",
         ),
         "billing": optional_param(

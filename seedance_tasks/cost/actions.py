@@ -12,6 +12,7 @@ Deadlines come from the working-day calendar (`workdays.py`, settings `cost.acti
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import secrets
@@ -69,6 +70,38 @@ def notify(out: str, key: str, owner: str, subject: str, message: str, details: 
     settings = settings or _settings()
     with state_lease(storage.resolve(out), settings.actions.lock_wait):
         return notifier_of(out, settings, owners).send(key, owner, subject, message, details)
+
+
+EVENT_HINT = ("this seedance_cost_statements event is not one seedance_cost_recovery emits: trigger "
+              "seedance_cost_actions by hand with the month and out params")
+
+
+def statements_event(extra: Any) -> dict[str, Any]:
+    """The fields of a `seedance_cost_statements` event's extra that start the actions, checked one
+    by one (an event can be posted by anyone with the REST API): `month` (YYYY-MM or absent), `out`
+    (the month's folder `ROOT/month=M` or the root, a string, or absent; returned as the root) and
+    `backfill` (a JSON boolean or absent). A malformed field is an InputError naming it."""
+    from seedance_tasks.cost.workdays import parse_month
+
+    if not isinstance(extra, dict):
+        raise InputError(f"event extra is a {type(extra).__name__}, not an object", hint=EVENT_HINT)
+    month, out, backfill = extra.get("month"), extra.get("out"), extra.get("backfill")
+    if month is not None:
+        try:
+            parse_month(month)
+        except UsageError as exc:
+            raise InputError(f"event field 'month': {exc.message}", hint=EVENT_HINT) from None
+    if out is not None and (not isinstance(out, str) or not out.strip()):
+        raise InputError(f"event field 'out' is {out!r}, not a URI or path", hint=EVENT_HINT)
+    if backfill is not None and not isinstance(backfill, bool):
+        raise InputError(f"event field 'backfill' is {backfill!r}, not true or false", hint=EVENT_HINT)
+    root = out
+    if out is not None and (found := re.search(r"/month=([0-9]{4}-[0-9]{2})/?$", out)):
+        if month is not None and found.group(1) != month:
+            raise InputError(f"event field 'out' ({out}) is the folder of month={found.group(1)}, but its "
+                             f"'month' is {month}", hint=EVENT_HINT)
+        root = out[:found.start()] or "/"
+    return {"month": month, "out": root, "backfill": bool(backfill)}
 
 
 def clock_of(month: str, out: str, *, apply: bool, now: datetime, settings=None) -> Clock:
@@ -366,18 +399,42 @@ def ask(request: dict[str, Any], settings=None) -> bool:
                   {"month": month, "confirm_by": request["confirm_by"]}, settings, request.get("owners"))
 
 
-def record_decision(request: dict[str, Any], chosen: str | None, reason: str | None, by: dict[str, Any] | None,
+REASON_LIMIT = 2000
+"""Characters of an owner's reason kept in the budget ledger (the rest is cut, marked with …)."""
+
+
+def _reason_text(reason: Any) -> str:
+    """An owner's reason as the ledger keeps it: text (a number or list a REST client sent, as its
+    JSON), stripped, at most `REASON_LIMIT` characters."""
+    if reason is None:
+        return ""
+    text = (reason if isinstance(reason, str) else json.dumps(reason, default=str, ensure_ascii=False)).strip()
+    return text if len(text) <= REASON_LIMIT else text[:REASON_LIMIT - 1] + "…"
+
+
+def _responder(by: Any) -> str | None:
+    """Who answered: the user's name, else id, as text (Airflow's HITL user; anything else: None)."""
+    if not isinstance(by, dict):
+        return None
+    found = next((by[key] for key in ("name", "id") if isinstance(by.get(key), (str, int)) and by.get(key) != ""),
+                 None)
+    return None if found is None else str(found)
+
+
+def record_decision(request: dict[str, Any], chosen: str | None, reason: Any, by: dict[str, Any] | None,
                     settings=None) -> Entry:
     """Record the owner's answer (`Confirm`, `Dispute`, or None: no answer by the deadline) once;
-    a later answer for the same month and owner never replaces the first. Returns the entry kept."""
+    a later answer for the same month and owner never replaces the first. Returns the entry kept.
+    Whatever a REST client sent as the reason is kept as text (`_reason_text`): an answer is
+    never lost to the shape of its reason."""
     owner, month = request["owner"], request["month"]
     status = {CONFIRM: "confirmed", DISPUTE: "disputed", None: "unanswered"}.get(chosen)
     if status is None:
         raise UsageError(f"unknown answer {chosen!r} for {owner} {month}", hint=f"answer {CONFIRM} or {DISPUTE}")
     ledger = ledger_of(request["out"], settings)
     key = confirm_key(month, owner)
-    ledger.record(entry(key, "confirmation", month, owner=owner, status=status, reason=(reason or "").strip(),
-                        by=(by or {}).get("name") or (by or {}).get("id")))
+    ledger.record(entry(key, "confirmation", month, owner=owner, status=status, reason=_reason_text(reason),
+                        by=_responder(by)))
     return ledger.get(key)
 
 

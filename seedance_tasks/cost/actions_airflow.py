@@ -7,7 +7,6 @@ Importable at DAG parse time: only Airflow at the top; Seedance's library inside
 from __future__ import annotations
 
 import logging
-import re
 import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -24,11 +23,6 @@ CONFIRM, DISPUTE = "Confirm", "Dispute"  # the same as actions.CONFIRM / DISPUTE
 NO_DEFER_WITHIN = timedelta(seconds=10)  # a wait shorter than this is slept in the worker, not deferred
 
 
-def _month_root(uri: str | None) -> str | None:
-    """The outputs root of an event's `out` (OUT/month=YYYY-MM -> OUT)."""
-    return re.sub(r"/month=[0-9]{4}-[0-9]{2}/?$", "", uri) if uri else None
-
-
 def _last_closed_month(context: dict[str, Any]) -> str:
     run_after = getattr(context.get("dag_run"), "run_after", None) or datetime.now(UTC)
     first = run_after.astimezone(UTC).replace(day=1)
@@ -39,7 +33,8 @@ def _last_closed_month(context: dict[str, Any]) -> str:
 def plan_task(params: dict[str, Any], context: dict[str, Any]) -> dict[str, Any]:
     """The run's plan: month and outputs root from the params, else from the triggering
     `seedance_cost_statements` event, else the last closed month and `cost.out_uri`. Skipped with
-    the reason when no outputs root is configured, or when the event comes from a backfill.
+    the reason when no outputs root is configured, or when the event comes from a backfill; a
+    malformed event fails, naming its field (`actions.statements_event`).
     Applies when the `apply` param says so, or, for an event-started run, `cost.actions.apply`."""
     from seedance_tasks.config import load_section
     from seedance_tasks.cost import actions
@@ -47,11 +42,11 @@ def plan_task(params: dict[str, Any], context: dict[str, Any]) -> dict[str, Any]
 
     settings = load_section("cost")
     events = triggering_extras(context.get("triggering_asset_events"), [COST_STATEMENTS.name])
-    event = events[-1] if events else {}
+    event = actions.statements_event(events[-1]) if events and events[-1] else {}
     if event.get("backfill") and not params.get("month"):
         skip(f"the {event.get('month')} statements come from a backfill: a backfill never starts actions; "
              "trigger this DAG with the month to act on it")
-    out = params.get("out") or _month_root(event.get("out")) or settings.out_uri
+    out = params.get("out") or event.get("out") or settings.out_uri
     if not out:
         skip("no output root configured: set the out param, or cost.out_uri in config/seedance.yaml")
     month = params.get("month") or event.get("month") or _last_closed_month(context)
@@ -128,6 +123,14 @@ class OwnerConfirmation(HITLOperator):
                      recorded.get("status"))
             return {"owner": request["owner"], "status": recorded.get("status"), "recorded_before": True}
         return super().execute(context)  # parks the task until an answer or the deadline
+
+    def validate_params_input(self, params_input) -> None:
+        """Take the answer's form whatever a REST client sent: only `reason` is read (as text, by
+        `actions.record_decision`); other keys are logged and left out. Airflow's check would fail
+        the task after the owner answered, and the answer would be lost."""
+        extra = sorted(str(key) for key in (params_input or {}) if key != "reason")
+        if extra:
+            log.warning("answer fields %s are not asked for; left out (only 'reason' is kept)", ", ".join(extra))
 
     def execute_complete(self, context, event: dict[str, Any]):
         from seedance_tasks.cost import actions

@@ -59,17 +59,21 @@ def prepare_task(params: dict[str, Any], context: dict[str, Any]) -> dict[str, A
 @fail_fast
 def stage_task(stage: str, job: dict[str, Any]) -> dict[str, Any]:
     """Run one recovery stage of `job` (`ingest`, `allocate`, `rules`, `statements`, `check` or `report`)
-    under the month's lease, held by this DAG run (every task and retry of it); the report releases it."""
+    under the month's lease, held by this DAG run (every task and retry of it); the report releases it.
+    Returns the stage's summary with its lists capped (`recover.xcom_summary`: the rest in the log)."""
     from seedance_tasks.cost import recover
 
-    return recover.run_stage(stage, {**job, "holder": airflow_lease_holder()}, release=stage == "report")
+    result = recover.run_stage(stage, {**job, "holder": airflow_lease_holder()}, release=stage == "report")
+    return recover.xcom_summary(result, f"{stage} {job.get('month')}")
 
 
 @fail_fast
 def report_task(job: dict[str, Any], asset=None) -> dict[str, Any]:
     """The `report` stage (render, then publish the month); the event on `asset` carries the
-    closed month: month, basis, totals and unallocated per currency, URIs of its outputs."""
+    closed month: month, basis, totals and unallocated per currency, URIs of its outputs, and the
+    owners charged (the first `recover.XCOM_LIST_LIMIT`; `owners_count` of them; all in the log)."""
     from seedance_tasks import storage
+    from seedance_tasks.cost import recover
     from seedance_tasks.dag_support import announce
 
     result = stage_task.__wrapped__("report", job)
@@ -85,6 +89,7 @@ def report_task(job: dict[str, Any], asset=None) -> dict[str, Any]:
         "owners": sorted({owner for entry in currencies.values() for owner in entry.get("by_owner", {})}),
         "backfill": bool(job.get("backfill")),
     }
+    extra = {**recover.xcom_summary(extra, f"report {result['month']}"), "owners_count": len(extra["owners"])}
     if asset is not None:
         announce(asset, extra, reports={"html": extra["report"], "summary": extra["summary"]})
     return {**result, "event": extra}

@@ -15,6 +15,8 @@ interrupted journal of the month forward or back. Re-running a month gives byte-
 from __future__ import annotations
 
 import hashlib
+import json
+import logging
 import os
 import posixpath
 import re
@@ -110,6 +112,9 @@ class Job:
         return self.root.join(self.work, *parts)
 
 
+_log = logging.getLogger("seedance_tasks.dag")
+
+
 def _settings():
     from seedance_tasks.config import load_settings
 
@@ -129,12 +134,18 @@ def describe(
 ) -> Job:
     """Check the arguments and describe the run (nothing is read or written yet).
 
-    `backfill=None` decides by the month: older than the last closed month (relative to `now`)
+    A month after `now`'s is refused: nothing of it is billed yet, and publishing it would
+    announce an empty statement as a closed month. `backfill=None` decides by the month: older than the last closed month (relative to `now`)
     is a backfill, which never tags, freezes or notifies. `holder` names the lease holder
     (default: the run key); `wait_s` is how long to wait for another holder of the month.
     """
     settings = _settings()
     month_bounds(month)
+    now = now or datetime.now(UTC)
+    current = now.astimezone(UTC).strftime("%Y-%m")
+    if month > current:
+        raise UsageError(f"month {month} has not begun (it is {current} now): nothing of it is billed yet",
+                         hint=f"give a month up to {current}; the last closed one is {last_closed_month(now)}")
     if format not in FORMATS:
         raise UsageError(f"unknown billing format {format!r}", hint="use focus, cur or ce")
     if currency is not None and not re.fullmatch(CURRENCY_RE, currency):
@@ -152,7 +163,6 @@ def describe(
     if not owners:
         raise UsageError("no owners file", hint="pass --owners FILE or set cost.owners_file")
     load_owners(owners)  # fail early on a bad file
-    now = now or datetime.now(UTC)
     if backfill is None:
         backfill = month < last_closed_month(now)
     root = storage.resolve(out)
@@ -752,6 +762,37 @@ def run_stage(stage: str, data: dict[str, Any], *, release: bool = False) -> dic
             if not exc.retryable:  # no retry comes: the month is free for the next run at once
                 held.release()
             raise
+
+
+XCOM_LIST_LIMIT = 100
+"""Entries of each list of a stage's summary kept in its Airflow XCom (the metadata DB keeps every one)."""
+
+
+def xcom_summary(result: dict[str, Any], what: str, limit: int = XCOM_LIST_LIMIT) -> dict[str, Any]:
+    """`result` small enough for an XCom or an asset event's extra whatever the month: each list in
+    it (or in a dict in it) cut to its first `limit` entries, how many were left out under
+    `omitted` ({"key" or "key.sub": count}, only when some were); each cut list is logged whole,
+    one entry a line, headed by `what`. Figures and other values stay whole."""
+    out, omitted = dict(result), {}
+
+    def cut(name: str, items: list) -> list:
+        if len(items) <= limit:
+            return items
+        omitted[name] = len(items) - limit
+        _log.info("%s %s: %d (the XCom shows the first %d):", what, name, len(items), limit)
+        for item in items:
+            _log.info("  %s", json.dumps(item, default=str, ensure_ascii=False))
+        return items[:limit]
+
+    for key, value in result.items():
+        if isinstance(value, list):
+            out[key] = cut(key, value)
+        elif isinstance(value, dict) and key != "job":
+            out[key] = {sub: cut(f"{key}.{sub}", item) if isinstance(item, list) else item
+                        for sub, item in value.items()}
+    if omitted:
+        out["omitted"] = {**result.get("omitted", {}), **omitted}
+    return out
 
 
 def recover_month(tagger=None, advance: Callable[[int], None] | None = None, **kwargs: Any) -> dict[str, Any]:
