@@ -97,10 +97,12 @@ def xcom_value(dag_run, task_id: str, key: str = "return_value", map_index: int 
 
 @pytest.fixture(scope="session")
 def s3_server():
-    """A real S3-compatible HTTP server (moto_server) on 127.0.0.1, and the AWS env pointing at it."""
+    """A real S3-compatible HTTP server (moto_server) on 127.0.0.1, and the AWS env pointing at it.
+
+    Its conditional writes are atomic, as S3's are (`tests/s3_atomic_server.py`)."""
     port = free_port()
     server = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        [sys.executable, str(Path(__file__).with_name("s3_atomic_server.py")), "-H", "127.0.0.1", "-p", str(port)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
