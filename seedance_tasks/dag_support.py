@@ -165,12 +165,17 @@ def log_reports(reports: Mapping[str, str | None]) -> None:
 def triggering_extras(events: Mapping | None, names: Iterable[str]) -> list[dict[str, Any]]:
     """The extras of the asset events (of the assets named `names`) that triggered this run,
     oldest first; [] for a scheduled or manual run. `events` is the task context's
-    `triggering_asset_events`."""
+    `triggering_asset_events`. An event whose extra is not a JSON object (a hand-made event)
+    is logged and left out, never obeyed."""
     wanted = set(names)
     found = []
     for asset in events or {}:
         if getattr(asset, "name", None) in wanted:
-            found += [(event.timestamp, dict(event.extra or {})) for event in events[asset]]
+            for event in events[asset]:
+                if not isinstance(event.extra or {}, Mapping):
+                    log.warning("asset event on %s left out: its extra is not a JSON object", asset.name)
+                    continue
+                found.append((event.timestamp, dict(event.extra or {})))
     return [extra for _, extra in sorted(found, key=lambda item: item[0])]
 
 

@@ -238,3 +238,21 @@ def test_a_relative_path_in_an_airflow_task_is_refused_naming_the_working_folder
     assert task(str(tmp_path / "lake")) == str(tmp_path / "lake")
     assert task("s3://bucket/lake") == "bucket/lake"
     assert storage.resolve("lake").path == str(tmp_path / "lake")  # the CLI, outside any task
+
+
+def test_an_asset_event_whose_extra_is_not_an_object_is_left_out_not_a_crash():
+    from dataclasses import dataclass
+    from datetime import UTC, datetime
+    from types import SimpleNamespace
+
+    from seedance_tasks.dag_support import triggering_extras
+
+    @dataclass(frozen=True)
+    class Asset:
+        name: str
+
+    asset = Asset("seedance_signal_fix")
+    events = {asset: [SimpleNamespace(timestamp=datetime(2026, 1, 2, tzinfo=UTC), extra=["not", "an", "object"]),
+                      SimpleNamespace(timestamp=datetime(2026, 1, 1, tzinfo=UTC), extra={"lake": "/x"}),
+                      SimpleNamespace(timestamp=datetime(2026, 1, 3, tzinfo=UTC), extra=None)]}
+    assert triggering_extras(events, ["seedance_signal_fix"]) == [{"lake": "/x"}, {}]
