@@ -343,11 +343,14 @@ def flatten(state: Any, *, share: bool = True) -> tuple[Any, list[tuple[str, Any
     plain: dict[type, str] = {}  # a container class of the caller's code -> the first path holding one
     skeleton = walk(state, "")
     for cls, path in plain.items():
-        log.warning("warning: %s", plain_container_note(cls, path))
+        if cls not in _NOTED:  # once a process: a training loop saves the same state every N steps
+            _NOTED.add(cls)
+            log.warning("warning: %s", plain_container_note(cls, path))
     return skeleton, tensors
 
 
 _PLAIN_CONTAINERS = (dict, OrderedDict, list, tuple)
+_NOTED: set[type] = set()  # container classes already said to restore as plain ones
 
 
 def plain_container_note(cls: type, path: str) -> str:

@@ -42,11 +42,14 @@ def test_an_inbox_file_with_tied_weights_stored_untied_by_an_older_version_is_no
 Stats = collections.namedtuple("Stats", "loss acc")
 
 
-def test_a_namedtuple_is_said_at_save_time_to_restore_as_a_plain_tuple(tmp_path, caplog):
+def test_a_namedtuple_is_said_at_save_time_to_restore_as_a_plain_tuple(tmp_path, caplog, monkeypatch):
     """A checkpoint records no classes of the caller's code (restoring one would import it): a
-    namedtuple or a defaultdict comes back plain, and the save says so, naming where it is."""
+    namedtuple or a defaultdict comes back plain, and the save says so, naming where it is, once
+    a process (a training loop saves the same state again and again)."""
     from seedance_tasks import checkpoint
+    from seedance_tasks.checkpoint import tree
 
+    monkeypatch.setattr(tree, "_NOTED", set())
     state = {"stats": [Stats(0.5, torch.ones(2))], "counts": collections.defaultdict(int, a=1), "shape": torch.Size([2])}
     with caplog.at_level(logging.WARNING, logger="seedance_tasks.checkpoint.tree"):
         checkpoint.save(state, str(tmp_path), "r", 1)
@@ -54,6 +57,10 @@ def test_a_namedtuple_is_said_at_save_time_to_restore_as_a_plain_tuple(tmp_path,
     assert len(said) == 2
     assert "stats/0" in said[0] and "namedtuple Stats(loss, acc)" in said[0] and "restores as one" in said[0]
     assert "counts" in said[1] and "collections.defaultdict" in said[1] and "plain dict" in said[1]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="seedance_tasks.checkpoint.tree"):
+        checkpoint.save(state, str(tmp_path), "r", 2)
+    assert not caplog.records  # said once
     restored = checkpoint.load(str(tmp_path), "r", 1)
     assert type(restored["stats"][0]) is tuple and type(restored["counts"]) is dict  # as it said
     assert type(restored["shape"]) is torch.Size
